@@ -1,0 +1,23 @@
+"""Root pytest set-up, run before any test or doctest imports TensorFlow's runtime.
+
+Splits the CPU into logical devices so that tf.distribute strategies over
+several devices can be tested on one machine; gives doctests `tf`.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+NUM_LOGICAL_CPUS = 4
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS,
+)
+
+
+@pytest.fixture(autouse=True)
+def _doctest_tf(doctest_namespace):
+  doctest_namespace["tf"] = tf

@@ -1,0 +1,1 @@
+"""Private implementation of tf_lossscale; import the public namespaces instead."""

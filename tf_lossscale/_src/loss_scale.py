@@ -1,0 +1,338 @@
+"""The legacy `LossScale` classes of `tf.compat.v1.mixed_precision`.
+
+`LossScale` is the abstract base (trackable, subclassable by users),
+`FixedLossScale` a constant, `DynamicLossScale` the dynamic algorithm of
+`dynamic_scale.py` held in two variables, `current_loss_scale` and
+`good_steps` (the checkpoint keys TF used).
+"""
+
+import abc
+
+import tensorflow as tf
+
+from tf_lossscale._src import dynamic_scale
+
+_Trackable = tf.__internal__.tracking.Trackable
+
+
+def _graph_key():
+  """Weights are kept per graph, so one object can serve several TF1 graphs."""
+  if tf.executing_eagerly():
+    return None
+  return tf.compat.v1.get_default_graph()._graph_key  # pylint: disable=protected-access
+
+
+class LossScale(_Trackable, metaclass=abc.ABCMeta):
+  """Base class of the legacy (TF1-style) loss scales.
+
+  Calling a `LossScale` returns the current loss scale as a float32 scalar;
+  `update(grads)` adjusts it from the gradients of one step and says whether
+  that step should be applied. Use `FixedLossScale` or `DynamicLossScale`, or
+  subclass this class (create variables with `_add_weight` so that they are
+  checkpointed):
+
+  >>> class HalvingLossScale(LossScale):
+  ...   def __init__(self):
+  ...     super().__init__()
+  ...     self._scale = self._add_weight('scale', 1024.)
+  ...   def __call__(self):
+  ...     return tf.convert_to_tensor(self._scale)
+  ...   def update(self, grads):
+  ...     return self._scale.assign(self._scale / 2), True
+  ...   def get_config(self):
+  ...     return {}
+  >>> loss_scale = HalvingLossScale()
+  >>> _ = loss_scale.update([])
+  >>> float(loss_scale())
+  512.0
+  """
+
+  def __init__(self):
+    self._weights = {}
+
+  @abc.abstractmethod
+  def __call__(self):
+    """Returns the current loss scale as a scalar float32 tensor."""
+
+  @abc.abstractmethod
+  def update(self, grads):
+    """Updates the loss scale from one step's unscaled gradients.
+
+    Under a `tf.distribute` strategy, call it in a cross-replica context.
+
+    Args:
+      grads: Nested structure of unscaled gradients; `None` entries ignored.
+
+    Returns:
+      `(update_op, should_apply_gradients)`: the op that updates the scale
+      (None when eager) and a bool (or scalar bool tensor) that is False when
+      this step's gradients must not be applied.
+    """
+
+  @abc.abstractmethod
+  def get_config(self):
+    """Returns the constructor arguments of this loss scale as a dict."""
+
+  @classmethod
+  def from_config(cls, config):
+    """Creates a loss scale from `get_config()`'s output."""
+    return cls(**config)
+
+  def _add_weight(self, name, initial_value, dtype=None):
+    """Creates a non-trainable variable checkpointed under `name`.
+
+    Args:
+      name: Variable name and checkpoint key.
+      initial_value: Its initial value.
+      dtype: Its dtype, inferred from `initial_value` when None.
+
+    Returns:
+      The variable: mirrored under a `tf.distribute` strategy
+      (`synchronization=AUTO`, `aggregation=NONE`).
+
+    Raises:
+      RuntimeError: If this object already has a weight `name` in this graph.
+    """
+    key = (name, _graph_key())
+    if key in self._weights:
+      raise RuntimeError(f"Duplicate variables detected. {key}")
+    variable = tf.compat.v1.Variable(
+        initial_value,
+        name=name,
+        dtype=dtype,
+        trainable=False,
+        use_resource=True,
+        synchronization=tf.VariableSynchronization.AUTO,
+        aggregation=tf.VariableAggregation.NONE,
+    )
+    self._weights[key] = variable
+    self._handle_deferred_dependencies(name=name, trackable=variable)
+    return variable
+
+  def _trackable_children(self, save_type="checkpoint", **kwargs):
+    graph_key = _graph_key()
+    children = {name: v for (name, g), v in sorted(self._weights.items()) if g == graph_key}
+    children.update(super()._trackable_children(save_type, **kwargs))
+    return children
+
+  def _lookup_dependency(self, name, cached_dependencies=None):
+    found = super()._lookup_dependency(name, cached_dependencies)
+    if found is not None:
+      return found
+    return self._weights.get((name, _graph_key()))
+
+
+class FixedLossScale(LossScale):
+  """A loss scale that never changes.
+
+  >>> loss_scale = FixedLossScale(128)
+  >>> loss_scale
+  FixedLossScale(128.0)
+  >>> float(loss_scale())
+  128.0
+  >>> loss_scale.update([tf.constant(float('nan'))])[1]
+  True
+  """
+
+  def __init__(self, loss_scale_value):
+    """Creates the fixed loss scale.
+
+    Args:
+      loss_scale_value: Python int or float, at least 1.
+
+    Raises:
+      ValueError: If `loss_scale_value` is not a Python number or below 1.
+    """
+    super().__init__()
+    if not isinstance(loss_scale_value, (int, float)):
+      raise ValueError(
+          "loss_scale_value must be a Python int or float. "
+          f"Got: {loss_scale_value!r} of type {type(loss_scale_value).__name__}"
+      )
+    if loss_scale_value < 1:
+      raise ValueError(f"loss_scale_value must be at least 1. Got: {loss_scale_value!r}")
+    self._loss_scale_value = float(loss_scale_value)
+
+  def __call__(self):
+    return tf.convert_to_tensor(self._loss_scale_value)
+
+  def update(self, grads):
+    """Does nothing: gradients are always applied. Returns `(no_op, True)`."""
+    del grads
+    return tf.no_op(), True
+
+  def __repr__(self):
+    return f"FixedLossScale({self._loss_scale_value})"
+
+  def get_config(self):
+    return {"loss_scale_value": self._loss_scale_value}
+
+
+class DynamicLossScale(LossScale):
+  """A loss scale that adapts to the gradients.
+
+  The scale starts at `initial_loss_scale`. After `increment_period`
+  consecutive steps with finite gradients it is multiplied by `multiplier`;
+  on a step with any Inf or NaN gradient it is divided by `multiplier` (not
+  below 1) and that step's gradients are not applied.
+
+  >>> loss_scale = DynamicLossScale(initial_loss_scale=4, increment_period=2)
+  >>> _ = loss_scale.update([tf.constant(1.)])
+  >>> _ = loss_scale.update([tf.constant(1.)])
+  >>> float(loss_scale())
+  8.0
+  >>> _, should_apply = loss_scale.update([tf.constant(float('inf'))])
+  >>> bool(should_apply), float(loss_scale())
+  (False, 4.0)
+  >>> loss_scale
+  DynamicLossScale(current_loss_scale=4.0, num_good_steps=0, initial_loss_scale=4.0, increment_period=2, multiplier=2.0)
+  """
+
+  def __init__(self, initial_loss_scale=2**15, increment_period=2000, multiplier=2.0):
+    """Creates the dynamic loss scale.
+
+    Args:
+      initial_loss_scale: Python float, the starting scale. Start high: a
+        scale that is too high falls within a few steps, one that is too low
+        rises only every `increment_period` steps. The default 2**15 is about
+        half the largest float16.
+      increment_period: Python int, consecutive finite steps before the scale
+        grows.
+      multiplier: Python float, the growth and shrink factor.
+    """
+    super().__init__()
+    self._initial_loss_scale = float(initial_loss_scale)
+    self._increment_period = int(increment_period)
+    self._multiplier = float(multiplier)
+    self._current_loss_scale = self._add_weight(
+        "current_loss_scale", self._initial_loss_scale, tf.float32
+    )
+    self._num_good_steps = self._add_weight("good_steps", 0, tf.int64)
+
+  @property
+  def initial_loss_scale(self):
+    return self._initial_loss_scale
+
+  @property
+  def increment_period(self):
+    return self._increment_period
+
+  @property
+  def multiplier(self):
+    return self._multiplier
+
+  def __call__(self):
+    return tf.convert_to_tensor(self._current_loss_scale)
+
+  def update(self, grads):
+    """Updates the scale; see `LossScale.update`.
+
+    Under a strategy every replica's gradients are checked and one non-finite
+    replica makes all replicas skip.
+    """
+    return self._update(grads, grads_in_sync=False)
+
+  def _update(self, grads, grads_in_sync):
+    return dynamic_scale.update_scale_variables(
+        self._current_loss_scale,
+        self._num_good_steps,
+        grads,
+        self._increment_period,
+        self._multiplier,
+        grads_in_sync=grads_in_sync,
+    )
+
+  def __repr__(self):
+    settings = (
+        f"initial_loss_scale={self.initial_loss_scale}, "
+        f"increment_period={self.increment_period}, multiplier={self.multiplier}"
+    )
+    if tf.executing_eagerly():
+      return (
+          f"DynamicLossScale(current_loss_scale={self._current_loss_scale.numpy()}, "
+          f"num_good_steps={self._num_good_steps.numpy()}, {settings})"
+      )
+    return f"DynamicLossScale({settings})"
+
+  def get_config(self):
+    return {
+        "initial_loss_scale": self.initial_loss_scale,
+        "increment_period": self.increment_period,
+        "multiplier": self.multiplier,
+    }
+
+
+_BUILTIN = {"FixedLossScale": FixedLossScale, "DynamicLossScale": DynamicLossScale}
+
+
+def serialize(loss_scale):
+  """Returns `{'class_name': ..., 'config': ...}` for a `LossScale`.
+
+  >>> serialize(FixedLossScale(8))
+  {'class_name': 'FixedLossScale', 'config': {'loss_scale_value': 8.0}}
+  """
+  return {"class_name": type(loss_scale).__name__, "config": loss_scale.get_config()}
+
+
+def deserialize(config, custom_objects=None):
+  """Creates a `LossScale` from `serialize()`'s output.
+
+  Args:
+    config: Dict with `class_name` and `config`.
+    custom_objects: Optional dict from class name to a `LossScale` subclass,
+      for user-defined loss scales.
+
+  Returns:
+    A new `LossScale`.
+
+  Raises:
+    ValueError: If `config` is malformed or names an unknown class.
+
+  >>> deserialize({'class_name': 'DynamicLossScale', 'config': {
+  ...     'initial_loss_scale': 2., 'increment_period': 5, 'multiplier': 4.}})
+  DynamicLossScale(current_loss_scale=2.0, num_good_steps=0, initial_loss_scale=2.0, increment_period=5, multiplier=4.0)
+  """
+  if not isinstance(config, dict) or "class_name" not in config or "config" not in config:
+    raise ValueError(
+        "A serialized loss scale must be a dict with keys 'class_name' and 'config'. "
+        f"Got: {config!r}"
+    )
+  classes = dict(_BUILTIN, **(custom_objects or {}))
+  cls = classes.get(config["class_name"])
+  if cls is None:
+    raise ValueError(
+        f"Unknown loss scale: {config['class_name']}. Known: {sorted(classes)}; "
+        "pass user-defined classes in `custom_objects`."
+    )
+  return cls.from_config(config["config"])
+
+
+def get(identifier):
+  """Turns a loss-scale identifier into a `LossScale` (or None).
+
+  Args:
+    identifier: None, the string `'dynamic'`, a Python int/float (a fixed
+      scale), a `LossScale` (returned as is) or a dict from `serialize`.
+
+  Returns:
+    A `LossScale`, or None for None.
+
+  Raises:
+    ValueError: For anything else.
+
+  >>> get(128)
+  FixedLossScale(128.0)
+  >>> get('dynamic').initial_loss_scale
+  32768.0
+  """
+  if identifier is None:
+    return None
+  if isinstance(identifier, (int, float)):
+    return FixedLossScale(identifier)
+  if isinstance(identifier, str) and identifier == "dynamic":
+    return DynamicLossScale()
+  if isinstance(identifier, LossScale):
+    return identifier
+  if isinstance(identifier, dict):
+    return deserialize(identifier)
+  raise ValueError(f"Could not interpret loss scale identifier: {identifier}")

@@ -1,0 +1,5 @@
+"""Mirrors `tf.compat.v1.mixed_precision.experimental`."""
+
+from tf_lossscale._src.loss_scale import DynamicLossScale, FixedLossScale, LossScale
+
+__all__ = ["DynamicLossScale", "FixedLossScale", "LossScale"]
