@@ -13,8 +13,8 @@ import tensorflow as tf  # noqa: E402
 
 NUM_LOGICAL_CPUS = 4
 tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0],
-    [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS,
+  tf.config.list_physical_devices("CPU")[0],
+  [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS,
 )
 
 

@@ -7,28 +7,28 @@ from setuptools import find_packages, setup
 HERE = pathlib.Path(__file__).parent
 
 setup(
-    name="tf-lossscale",
-    version="0.1.0",
-    description=(
-        "TensorFlow 2.4's loss-scaling APIs (Keras LossScaleOptimizer, its experimental "
-        "twin, the legacy LossScale classes, compat.v1 MixedPrecisionLossScaleOptimizer) "
-        "on TensorFlow >= 2.16."
-    ),
-    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
-    long_description_content_type="text/markdown",
-    packages=find_packages(include=["tf_lossscale", "tf_lossscale.*"]),
-    python_requires=">=3.10",
-    install_requires=["tensorflow>=2.16", "numpy", "absl-py"],
-    extras_require={
-        # tf_keras must match TensorFlow's minor version; pin both together.
-        "tf-keras": ["tf-keras>=2.16"],
-        "test": ["pytest>=8", "pytest-xdist", "pytest-timeout", "hypothesis>=6", "ruff"],
-        "docs": ["pdoc"],
-    },
-    license="Apache-2.0",
-    classifiers=[
-        "Programming Language :: Python :: 3",
-        "License :: OSI Approved :: Apache Software License",
-        "Topic :: Scientific/Engineering :: Artificial Intelligence",
-    ],
+  name="tf-lossscale",
+  version="0.1.0",
+  description=(
+    "TensorFlow 2.4's loss-scaling APIs (Keras LossScaleOptimizer, its experimental "
+    "twin, the legacy LossScale classes, compat.v1 MixedPrecisionLossScaleOptimizer) "
+    "on TensorFlow >= 2.16."
+  ),
+  long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+  long_description_content_type="text/markdown",
+  packages=find_packages(include=["tf_lossscale", "tf_lossscale.*"]),
+  python_requires=">=3.10",
+  install_requires=["tensorflow>=2.16", "numpy", "absl-py"],
+  extras_require={
+    # tf_keras must match TensorFlow's minor version; pin both together.
+    "tf-keras": ["tf-keras>=2.16"],
+    "test": ["pytest>=8", "pytest-xdist", "pytest-timeout", "hypothesis>=6", "ruff"],
+    "docs": ["pdoc"],
+  },
+  license="Apache-2.0",
+  classifiers=[
+    "Programming Language :: Python :: 3",
+    "License :: OSI Approved :: Apache Software License",
+    "Topic :: Scientific/Engineering :: Artificial Intelligence",
+  ],
 )

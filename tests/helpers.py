@@ -22,7 +22,7 @@ def replica_nan(value, bad_replica=0):
   ctx = tf.distribute.get_replica_context()
   value = tf.convert_to_tensor(value)
   return tf.where(
-      tf.equal(ctx.replica_id_in_sync_group, bad_replica),
-      tf.fill(tf.shape(value), tf.constant(float("nan"), value.dtype)),
-      value,
+    tf.equal(ctx.replica_id_in_sync_group, bad_replica),
+    tf.fill(tf.shape(value), tf.constant(float("nan"), value.dtype)),
+    value,
   )

@@ -13,13 +13,13 @@ from tf_lossscale._src.loss_scale import DynamicLossScale, FixedLossScale, LossS
 __version__ = "0.1.0"
 
 __all__ = [
-    "DynamicLossScale",
-    "FixedLossScale",
-    "LossScale",
-    "LossScaleOptimizer",
-    "MixedPrecisionLossScaleOptimizer",
-    "compat",
-    "keras",
-    "loss_scale",
-    "mixed_precision",
+  "DynamicLossScale",
+  "FixedLossScale",
+  "LossScale",
+  "LossScaleOptimizer",
+  "MixedPrecisionLossScaleOptimizer",
+  "compat",
+  "keras",
+  "loss_scale",
+  "mixed_precision",
 ]

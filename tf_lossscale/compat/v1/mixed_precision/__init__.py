@@ -5,9 +5,9 @@ from tf_lossscale._src.loss_scale import DynamicLossScale, FixedLossScale, LossS
 from tf_lossscale.compat.v1.mixed_precision import experimental
 
 __all__ = [
-    "DynamicLossScale",
-    "FixedLossScale",
-    "LossScale",
-    "MixedPrecisionLossScaleOptimizer",
-    "experimental",
+  "DynamicLossScale",
+  "FixedLossScale",
+  "LossScale",
+  "MixedPrecisionLossScaleOptimizer",
+  "experimental",
 ]
