@@ -28,7 +28,6 @@ setup(
   license="Apache-2.0",
   classifiers=[
     "Programming Language :: Python :: 3",
-    "License :: OSI Approved :: Apache Software License",
     "Topic :: Scientific/Engineering :: Artificial Intelligence",
   ],
 )

@@ -1,11 +1,382 @@
-"""compat.v1 `MixedPrecisionLossScaleOptimizer`. Placeholder until issue 4 lands."""
+"""The compat.v1 `MixedPrecisionLossScaleOptimizer`.
+
+Wraps a `tf.compat.v1.train.Optimizer`: `compute_gradients` multiplies the
+loss by the loss scale and divides the gradients by it; `apply_gradients`
+hands the gradients to the loss scale's `update` (once, in a cross-replica
+context) and lets the wrapped optimizer apply them only when `update` says so.
+"""
+
+import tensorflow as tf
+
+from tf_lossscale._src import loss_scale as loss_scale_module
+
+_V1Optimizer = tf.compat.v1.train.Optimizer
+
+# Strategies loss scaling cannot serve, refused in these words by TF 2.4's
+# Keras LossScaleOptimizer (TF's compat.v1 class did not check). TPUs train in
+# bfloat16, which needs no loss scaling; ParameterServerStrategy's workers step
+# asynchronously, so no single skip-or-apply decision holds for all of them.
+# CentralStorageStrategy and the compat.v1 ParameterServerStrategy do work, as
+# with TF's own class.
+_TPU_STRATEGIES = (
+  tf.distribute.TPUStrategy,
+  tf.distribute.experimental.TPUStrategy,
+  tf.compat.v1.distribute.experimental.TPUStrategy,
+)
+_ASYNC_STRATEGIES = (tf.distribute.experimental.ParameterServerStrategy,)
 
 
-class MixedPrecisionLossScaleOptimizer:
-  """Not implemented yet: see issue 4."""
-
-  def __init__(self, *args, **kwargs):
-    raise NotImplementedError(
-        "tf_lossscale.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer "
-        "is not implemented yet."
+def _raise_if_strategy_unsupported():
+  """Refuses, by name, the strategies under which loss scaling cannot work."""
+  if not tf.distribute.has_strategy():
+    return
+  strategy = tf.distribute.get_strategy()
+  name = type(strategy).__name__
+  if isinstance(strategy, _TPU_STRATEGIES):
+    raise ValueError(
+      f"Loss scaling is not supported with {name}. Loss scaling is unnecessary "
+      "with TPUs, since they support bfloat16 instead of float16 and bfloat16 "
+      "does not require loss scaling. Remove the MixedPrecisionLossScaleOptimizer "
+      "when TPUs are used."
     )
+  if isinstance(strategy, _ASYNC_STRATEGIES):
+    raise ValueError(
+      f"Loss scaling is not supported with the tf.distribute.Strategy: {name}. "
+      "Try using a different Strategy, e.g. a MirroredStrategy."
+    )
+
+
+def _cond(pred, true_fn, false_fn):
+  """`tf.cond` that decides in Python when `pred` is known (eager, Python bool)."""
+  static_pred = tf.get_static_value(pred)
+  if static_pred is None:
+    return tf.cond(pred, true_fn, false_fn)
+  return true_fn() if static_pred else false_fn()
+
+
+class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
+  """A `tf.compat.v1.train.Optimizer` that applies loss scaling.
+
+  Loss scaling multiplies the loss by a factor, the loss scale, before the
+  gradients are computed and divides the gradients by the same factor
+  afterwards. Mathematically nothing changes; numerically, small intermediate
+  float16 gradients no longer underflow to zero.
+
+  The scale is a `LossScale`: a `FixedLossScale` keeps one value and always
+  applies the gradients; a `DynamicLossScale` adapts the value and skips any
+  step whose gradients hold an Inf or NaN (no variable, slot or `global_step`
+  changes on such a step; under a `tf.distribute` strategy a non-finite
+  gradient on any replica makes every replica skip).
+
+  The wrapped optimizer is checkpointed as `base_optimizer` (it owns the
+  slots) and the scale as `loss_scale`, as by TensorFlow's own class, so
+  checkpoints move between the two.
+
+  >>> var = tf.Variable(1.0)
+  >>> opt = MixedPrecisionLossScaleOptimizer(
+  ...     tf.compat.v1.train.GradientDescentOptimizer(0.5), loss_scale=128)
+  >>> _ = opt.minimize(lambda: 3.0 * var, var_list=[var])
+  >>> float(var.numpy())  # 1 - 0.5 * 3
+  -0.5
+  """
+
+  def __init__(self, opt, loss_scale):
+    """Wraps `opt`.
+
+    Args:
+      opt: The `tf.compat.v1.train.Optimizer` that applies the gradients.
+      loss_scale: Anything `tf_lossscale.loss_scale.get` accepts except None:
+        `'dynamic'`, a Python int or float (a fixed scale), a `LossScale`
+        (a user's own subclass included) or a serialized loss scale.
+
+    Raises:
+      ValueError: If `opt` is not a `tf.compat.v1.train.Optimizer` (a Keras
+        optimizer is not), if `loss_scale` is None, or if `loss_scale` cannot
+        be interpreted.
+    """
+    if not isinstance(opt, _V1Optimizer):
+      raise ValueError(f'"opt" must be an instance of Optimizer, but got: {type(opt)}')
+    super().__init__(opt._use_locking, opt.get_name())  # pylint: disable=protected-access
+    self._optimizer = opt
+    self._loss_scale = loss_scale_module.get(loss_scale)
+    if self._loss_scale is None:
+      raise ValueError("loss_scale cannot be None")
+    self._track_trackable(self._optimizer, "base_optimizer")
+    self._track_trackable(self._loss_scale, "loss_scale")
+
+  def get_name(self):
+    """Returns the wrapped optimizer's name, which this optimizer shares.
+
+    >>> opt = MixedPrecisionLossScaleOptimizer(
+    ...     tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), 'dynamic')
+    >>> opt.get_name()
+    'Momentum'
+    """
+    return super().get_name()
+
+  def compute_gradients(
+    self,
+    loss,
+    var_list=None,
+    gate_gradients=_V1Optimizer.GATE_OP,
+    aggregation_method=None,
+    colocate_gradients_with_ops=False,
+    grad_loss=None,
+  ):
+    """Returns the unscaled gradients of the scaled `loss`.
+
+    The loss is multiplied by the loss scale (cast to the loss's dtype), the
+    wrapped optimizer computes the gradients, and each gradient is divided by
+    the loss scale again. `tf.IndexedSlices` stay `tf.IndexedSlices` and
+    `None` stays `None`.
+
+    Args:
+      loss: A tensor, or (required when eager) a callable taking no arguments
+        that returns the loss.
+      var_list: Optional list of variables; defaults to the trainable
+        variables (of the graph, or those the callable reads when eager).
+      gate_gradients: `GATE_NONE`, `GATE_OP` or `GATE_GRAPH` (graph mode).
+      aggregation_method: How gradient terms are combined (graph mode).
+      colocate_gradients_with_ops: Whether to colocate gradients with their
+        ops (graph mode).
+      grad_loss: Optional tensor holding the gradient computed for `loss`.
+
+    Returns:
+      A list of `(gradient, variable)` pairs; a gradient may be None.
+
+    Raises:
+      RuntimeError: If eager and `loss` is not callable (from the wrapped
+        optimizer).
+
+    >>> var = tf.Variable(2.0)
+    >>> opt = MixedPrecisionLossScaleOptimizer(
+    ...     tf.compat.v1.train.GradientDescentOptimizer(1.0), loss_scale=1024)
+    >>> [(grad, _)] = opt.compute_gradients(lambda: var * var, var_list=[var])
+    >>> float(grad)  # d(var**2)/dvar, not 1024 times it
+    4.0
+    """
+    grads_and_vars = self._optimizer.compute_gradients(
+      loss=self._scaled_loss(loss),
+      var_list=var_list,
+      gate_gradients=gate_gradients,
+      aggregation_method=aggregation_method,
+      colocate_gradients_with_ops=colocate_gradients_with_ops,
+      grad_loss=grad_loss,
+    )
+    grads = self._unscaled_grads([g for g, _ in grads_and_vars])
+    return list(zip(grads, [v for _, v in grads_and_vars], strict=True))
+
+  def _scaled_loss(self, loss):
+    scale = self._loss_scale()
+    if callable(loss):
+
+      def scaled_loss():
+        value = loss()
+        return value * tf.cast(scale, value.dtype)
+
+      return scaled_loss
+    return loss * tf.cast(scale, loss.dtype)
+
+  def _unscaled_grads(self, grads):
+    # Multiplying by the reciprocal, not dividing, keeps results bitwise equal
+    # to TF's own class for scales that are not powers of two.
+    reciprocal = 1.0 / self._loss_scale()
+
+    def unscale(grad):
+      if grad is None:
+        return None
+      if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(
+          grad.values * tf.cast(reciprocal, grad.dtype), grad.indices, grad.dense_shape
+        )
+      return grad * tf.cast(reciprocal, grad.dtype)
+
+    return [unscale(g) for g in grads]
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    """Applies the gradients if the loss scale says so, and updates the scale.
+
+    The loss scale's `update` sees every gradient once, in a cross-replica
+    context. When it answers "apply" (a `FixedLossScale` always does; a
+    `DynamicLossScale` does when every gradient on every replica is finite)
+    the wrapped optimizer applies the gradients and increments `global_step`;
+    otherwise no variable, slot or `global_step` changes. The scale itself is
+    updated either way.
+
+    Args:
+      grads_and_vars: `(gradient, variable)` pairs, as `compute_gradients`
+        returns them (unscaled).
+      global_step: Optional variable to increment by one when the gradients
+        are applied.
+      name: Optional name of the returned operation; defaults to the
+        optimizer's name.
+
+    Returns:
+      The operation that updates the loss scale and, when allowed, applies
+      the gradients (None when eager).
+
+    Raises:
+      ValueError: In a cross-replica context, or under a strategy that loss
+        scaling does not support (the TPU strategies and TF2's
+        `tf.distribute.experimental.ParameterServerStrategy`).
+
+    >>> import tf_lossscale
+    >>> var = tf.Variable(1.0)
+    >>> step = tf.Variable(0, dtype=tf.int64)
+    >>> loss_scale = tf_lossscale.loss_scale.DynamicLossScale(initial_loss_scale=8.)
+    >>> opt = MixedPrecisionLossScaleOptimizer(
+    ...     tf.compat.v1.train.GradientDescentOptimizer(1.0), loss_scale)
+    >>> _ = opt.apply_gradients([(tf.constant(float('nan')), var)], step)
+    >>> float(var.numpy()), int(step.numpy()), float(loss_scale())  # skipped
+    (1.0, 0, 4.0)
+    >>> _ = opt.apply_gradients([(tf.constant(0.25), var)], step)
+    >>> float(var.numpy()), int(step.numpy()), float(loss_scale())  # applied
+    (0.75, 1, 4.0)
+    """
+    if tf.distribute.in_cross_replica_context():
+      raise ValueError("apply_gradients() must be called in a replica context.")
+    _raise_if_strategy_unsupported()
+    return tf.distribute.get_replica_context().merge_call(
+      self._apply_if_scale_allows, args=(tuple(grads_and_vars), global_step, name)
+    )
+
+  def _apply_if_scale_allows(self, strategy, grads_and_vars, global_step, name):
+    """The cross-replica part of `apply_gradients`: one decision for all."""
+    name = self.get_name() if name is None else name
+    update_scale, should_apply = self._loss_scale.update([g for g, _ in grads_and_vars])
+
+    def apply():
+      per_replica_ops = strategy.extended.call_for_each_replica(
+        self._optimizer.apply_gradients,
+        args=(grads_and_vars, global_step, name + "-wrapped"),
+      )
+      return strategy.group(per_replica_ops)
+
+    return tf.group(_cond(should_apply, apply, tf.no_op), update_scale, name=name)
+
+  def minimize(
+    self,
+    loss,
+    global_step=None,
+    var_list=None,
+    gate_gradients=_V1Optimizer.GATE_OP,
+    aggregation_method=None,
+    colocate_gradients_with_ops=False,
+    name=None,
+    grad_loss=None,
+  ):
+    """`compute_gradients` followed by `apply_gradients`.
+
+    Args:
+      loss: A tensor, or (required when eager) a callable returning the loss.
+      global_step: Optional variable incremented when the step is applied.
+      var_list: Optional list of variables to update.
+      gate_gradients: `GATE_NONE`, `GATE_OP` or `GATE_GRAPH` (graph mode).
+      aggregation_method: How gradient terms are combined (graph mode).
+      colocate_gradients_with_ops: Whether to colocate gradients with their
+        ops (graph mode).
+      name: Optional name of the returned operation.
+      grad_loss: Optional tensor holding the gradient computed for `loss`.
+
+    Returns:
+      The operation of `apply_gradients` (None when eager).
+
+    Raises:
+      ValueError: If no variable has a gradient, or as `apply_gradients`.
+
+    >>> var = tf.Variable(1.0)
+    >>> opt = MixedPrecisionLossScaleOptimizer(
+    ...     tf.compat.v1.train.GradientDescentOptimizer(0.1), 'dynamic')
+    >>> _ = opt.minimize(lambda: var * var, var_list=[var])
+    >>> round(float(var.numpy()), 6)  # 1 - 0.1 * 2
+    0.8
+    """
+    return super().minimize(
+      loss,
+      global_step=global_step,
+      var_list=var_list,
+      gate_gradients=gate_gradients,
+      aggregation_method=aggregation_method,
+      colocate_gradients_with_ops=colocate_gradients_with_ops,
+      name=name,
+      grad_loss=grad_loss,
+    )
+
+  def get_slot(self, var, name):
+    """Returns the wrapped optimizer's slot `name` for `var`, or None.
+
+    Args:
+      var: A variable passed to `minimize` or `apply_gradients`.
+      name: The slot's name, one of `get_slot_names()`.
+
+    Returns:
+      The slot variable, or None if the wrapped optimizer has not created it.
+
+    >>> var = tf.Variable(1.0)
+    >>> opt = MixedPrecisionLossScaleOptimizer(
+    ...     tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9), 'dynamic')
+    >>> _ = opt.minimize(lambda: 2.0 * var, var_list=[var])
+    >>> float(opt.get_slot(var, 'momentum').numpy())
+    2.0
+    """
+    return self._optimizer.get_slot(var, name)
+
+  def get_slot_names(self):
+    """Returns the sorted names of the wrapped optimizer's slots.
+
+    Returns:
+      A list of strings.
+
+    >>> opt = MixedPrecisionLossScaleOptimizer(
+    ...     tf.compat.v1.train.AdamOptimizer(), 'dynamic')
+    >>> var = tf.Variable(1.0)
+    >>> _ = opt.minimize(lambda: var, var_list=[var])
+    >>> opt.get_slot_names()
+    ['m', 'v']
+    """
+    return self._optimizer.get_slot_names()
+
+  def __dir__(self):
+    # TF's checkpointing treats every object whose dir() lists
+    # `get_slot_names` as the owner of the slots it reports. The slots belong
+    # to the wrapped optimizer (checkpointed as `base_optimizer`, as by TF's
+    # own class); claiming them here too makes saving fail.
+    return [name for name in super().__dir__() if name != "get_slot_names"]
+
+  def variables(self):
+    """Returns the wrapped optimizer's variables, then the loss scale's.
+
+    As for any `tf.compat.v1.train.Optimizer`, only variables of the current
+    graph are listed.
+
+    Returns:
+      A list of variables.
+
+    >>> opt = MixedPrecisionLossScaleOptimizer(
+    ...     tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), 'dynamic')
+    >>> var = tf.Variable(1.0, name='w')
+    >>> _ = opt.minimize(lambda: var, var_list=[var])
+    >>> [v.name for v in opt.variables()]
+    ['w/Momentum...:0', 'current_loss_scale:0', 'good_steps:0']
+    """
+    graph_key = loss_scale_module._graph_key()  # pylint: disable=protected-access
+    scale_variables = [
+      v
+      for (_, key), v in self._loss_scale._weights.items()  # pylint: disable=protected-access
+      if key == graph_key
+    ]
+    return self._optimizer.variables() + scale_variables
+
+  # The wrapped optimizer applies the gradients: these hooks of the base class
+  # are never reached.
+  def _apply_dense(self, grad, var):
+    raise RuntimeError("This function should never be called")
+
+  def _apply_sparse(self, grad, var):
+    raise RuntimeError("This function should never be called")
+
+  def _resource_apply_dense(self, grad, handle):
+    raise RuntimeError("This function should never be called")
+
+  def _resource_apply_sparse(self, grad, handle, indices):
+    raise RuntimeError("This function should never be called")

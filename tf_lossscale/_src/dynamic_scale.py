@@ -35,9 +35,7 @@ def all_finite(grads):
   >>> bool(all_finite([tf.constant([1., float("inf")])]))
   False
   """
-  flags = [
-      tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads if g is not None
-  ]
+  flags = [tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads if g is not None]
   if not flags:
     return tf.constant(True)
   if len(flags) == 1:
@@ -106,14 +104,14 @@ def replicas_all_finite(grads, grads_in_sync):
     return strategy.experimental_local_results(per_replica)[0]
   # Booleans cannot be all-reduced: count the finite replicas instead.
   per_replica = strategy.extended.call_for_each_replica(
-      lambda g: tf.cast(all_finite(g), tf.float32), args=(grads,)
+    lambda g: tf.cast(all_finite(g), tf.float32), args=(grads,)
   )
   finite_count = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
   return tf.equal(finite_count, strategy.num_replicas_in_sync)
 
 
 def update_scale_variables(
-    scale_var, counter_var, grads, growth_steps, multiplier, grads_in_sync=False
+  scale_var, counter_var, grads, growth_steps, multiplier, grads_in_sync=False
 ):
   """Updates the scale state from `grads` and says whether to apply them.
 
@@ -135,10 +133,10 @@ def update_scale_variables(
   """
   finite = replicas_all_finite(tf.nest.flatten(grads), grads_in_sync)
   next_scale, next_counter = next_scale_and_counter(
-      scale_var, counter_var, finite, growth_steps, multiplier
+    scale_var, counter_var, finite, growth_steps, multiplier
   )
   update_op = tf.group(
-      scale_var.assign(next_scale, read_value=False),
-      counter_var.assign(next_counter, read_value=False),
+    scale_var.assign(next_scale, read_value=False),
+    counter_var.assign(next_counter, read_value=False),
   )
   return update_op, finite

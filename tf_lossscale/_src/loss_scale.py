@@ -17,7 +17,8 @@ _Trackable = tf.__internal__.tracking.Trackable
 
 def _graph_key():
   """Weights are kept per graph, so one object can serve several TF1 graphs."""
-  if tf.executing_eagerly():
+  # Inside a tf.function the weights created eagerly are still the ones meant.
+  if tf.compat.v1.executing_eagerly_outside_functions():
     return None
   return tf.compat.v1.get_default_graph()._graph_key  # pylint: disable=protected-access
 
@@ -97,13 +98,13 @@ class LossScale(_Trackable, metaclass=abc.ABCMeta):
     if key in self._weights:
       raise RuntimeError(f"Duplicate variables detected. {key}")
     variable = tf.compat.v1.Variable(
-        initial_value,
-        name=name,
-        dtype=dtype,
-        trainable=False,
-        use_resource=True,
-        synchronization=tf.VariableSynchronization.AUTO,
-        aggregation=tf.VariableAggregation.NONE,
+      initial_value,
+      name=name,
+      dtype=dtype,
+      trainable=False,
+      use_resource=True,
+      synchronization=tf.VariableSynchronization.AUTO,
+      aggregation=tf.VariableAggregation.NONE,
     )
     self._weights[key] = variable
     self._handle_deferred_dependencies(name=name, trackable=variable)
@@ -111,7 +112,8 @@ class LossScale(_Trackable, metaclass=abc.ABCMeta):
 
   def _trackable_children(self, save_type="checkpoint", **kwargs):
     graph_key = _graph_key()
-    children = {name: v for (name, g), v in sorted(self._weights.items()) if g == graph_key}
+    # Sort by name only: graph keys mix None (eager) and str, which do not compare.
+    children = dict(sorted((name, v) for (name, g), v in self._weights.items() if g == graph_key))
     children.update(super()._trackable_children(save_type, **kwargs))
     return children
 
@@ -146,8 +148,8 @@ class FixedLossScale(LossScale):
     super().__init__()
     if not isinstance(loss_scale_value, (int, float)):
       raise ValueError(
-          "loss_scale_value must be a Python int or float. "
-          f"Got: {loss_scale_value!r} of type {type(loss_scale_value).__name__}"
+        "loss_scale_value must be a Python int or float. "
+        f"Got: {loss_scale_value!r} of type {type(loss_scale_value).__name__}"
       )
     if loss_scale_value < 1:
       raise ValueError(f"loss_scale_value must be at least 1. Got: {loss_scale_value!r}")
@@ -205,7 +207,7 @@ class DynamicLossScale(LossScale):
     self._increment_period = int(increment_period)
     self._multiplier = float(multiplier)
     self._current_loss_scale = self._add_weight(
-        "current_loss_scale", self._initial_loss_scale, tf.float32
+      "current_loss_scale", self._initial_loss_scale, tf.float32
     )
     self._num_good_steps = self._add_weight("good_steps", 0, tf.int64)
 
@@ -234,31 +236,32 @@ class DynamicLossScale(LossScale):
 
   def _update(self, grads, grads_in_sync):
     return dynamic_scale.update_scale_variables(
-        self._current_loss_scale,
-        self._num_good_steps,
-        grads,
-        self._increment_period,
-        self._multiplier,
-        grads_in_sync=grads_in_sync,
+      self._current_loss_scale,
+      self._num_good_steps,
+      grads,
+      self._increment_period,
+      self._multiplier,
+      grads_in_sync=grads_in_sync,
     )
 
   def __repr__(self):
     settings = (
-        f"initial_loss_scale={self.initial_loss_scale}, "
-        f"increment_period={self.increment_period}, multiplier={self.multiplier}"
+      f"initial_loss_scale={self.initial_loss_scale}, "
+      f"increment_period={self.increment_period}, multiplier={self.multiplier}"
     )
     if tf.executing_eagerly():
       return (
-          f"DynamicLossScale(current_loss_scale={self._current_loss_scale.numpy()}, "
-          f"num_good_steps={self._num_good_steps.numpy()}, {settings})"
+        # str(), as TF's '%s': a float32 with the digits float32 needs.
+        f"DynamicLossScale(current_loss_scale={self._current_loss_scale.numpy()!s}, "
+        f"num_good_steps={self._num_good_steps.numpy()!s}, {settings})"
       )
     return f"DynamicLossScale({settings})"
 
   def get_config(self):
     return {
-        "initial_loss_scale": self.initial_loss_scale,
-        "increment_period": self.increment_period,
-        "multiplier": self.multiplier,
+      "initial_loss_scale": self.initial_loss_scale,
+      "increment_period": self.increment_period,
+      "multiplier": self.multiplier,
     }
 
 
@@ -294,15 +297,14 @@ def deserialize(config, custom_objects=None):
   """
   if not isinstance(config, dict) or "class_name" not in config or "config" not in config:
     raise ValueError(
-        "A serialized loss scale must be a dict with keys 'class_name' and 'config'. "
-        f"Got: {config!r}"
+      f"A serialized loss scale must be a dict with keys 'class_name' and 'config'. Got: {config!r}"
     )
   classes = dict(_BUILTIN, **(custom_objects or {}))
   cls = classes.get(config["class_name"])
   if cls is None:
     raise ValueError(
-        f"Unknown loss scale: {config['class_name']}. Known: {sorted(classes)}; "
-        "pass user-defined classes in `custom_objects`."
+      f"Unknown loss scale: {config['class_name']}. Known: {sorted(classes)}; "
+      "pass user-defined classes in `custom_objects`."
     )
   return cls.from_config(config["config"])
 

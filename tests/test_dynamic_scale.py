@@ -1,0 +1,331 @@
+"""Tests of the dynamic loss-scale algorithm (`tf_lossscale/_src/dynamic_scale.py`).
+
+The reference is a plain Python model of TF 2.4's `DynamicLossScale` in float32
+(`model_step`), and TF's own `tf.compat.v1.mixed_precision.DynamicLossScale`.
+"""
+
+import hypothesis
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import strategies as st
+from tensorflow.python.distribute import values as tf_values
+
+import helpers
+from tf_lossscale import loss_scale
+from tf_lossscale._src import dynamic_scale
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+NAN = float("nan")
+INF = float("inf")
+
+# Every hypothesis test here reuses one trace of its tf.functions; examples are
+# cheap eager calls, so a few dozen of them keep the file fast.
+SETTINGS = hypothesis.settings(max_examples=40, deadline=None)
+
+
+def model_step(scale, counter, finite, growth_steps, multiplier):
+  """TF 2.4's dynamic loss-scale transition, in float32 Python/NumPy."""
+  scale = np.float32(scale)
+  multiplier = np.float32(multiplier)
+  if not finite:
+    return max(scale / multiplier, np.float32(1.0)), 0
+  if counter + 1 < growth_steps:
+    return scale, counter + 1
+  with np.errstate(over="ignore"):
+    grown = scale * multiplier
+  return (grown if np.isfinite(grown) else scale), 0
+
+
+# --- all_finite --------------------------------------------------------------
+
+
+def _indexed_slices(values, dtype=tf.float32):
+  values = tf.constant(values, dtype)
+  return tf.IndexedSlices(values, tf.range(tf.shape(values)[0]), tf.constant([10]))
+
+
+ALL_FINITE_CASES = {
+  "empty_list": ([], True),
+  "only_none": ([None, None], True),
+  "none_and_finite": (lambda: [None, tf.constant([1.0, -2.0])], True),
+  "zero_size": (lambda: [tf.zeros([0, 3])], True),
+  "nan": (lambda: [tf.constant([1.0, NAN])], False),
+  "inf": (lambda: [tf.constant([INF, 1.0])], False),
+  "minus_inf": (lambda: [tf.constant([[1.0], [-INF]])], False),
+  "bad_grad_last_of_many": (lambda: [tf.ones([2])] * 3 + [tf.constant(NAN)], False),
+  "bad_grad_first_of_many": (lambda: [tf.constant(-INF)] + [tf.ones([2])] * 3, False),
+  "inf_beside_zero": (lambda: [tf.constant([INF, 0.0])], False),
+  "inf_and_zero_grads": (lambda: [tf.zeros([3]), tf.constant([INF])], False),
+  "float32_sum_overflows": (lambda: [tf.constant([FLOAT32_MAX, FLOAT32_MAX])], True),
+  "float32_square_overflows": (lambda: [tf.constant([1e20]), tf.constant([1e20])], True),
+  "float16_sum_overflows": (lambda: [tf.constant([65504.0, 65504.0], tf.float16)], True),
+  "float64_sum_overflows": (lambda: [tf.constant([1.7e308, 1.7e308], tf.float64)], True),
+  "mixed_dtypes_finite": (
+    lambda: [tf.ones([2], tf.float16), tf.ones([2], tf.float64), tf.ones([2], tf.bfloat16)],
+    True,
+  ),
+  "indexed_slices_finite": (lambda: [_indexed_slices([1.0, 2.0])], True),
+  "indexed_slices_nan": (lambda: [_indexed_slices([1.0, NAN])], False),
+  "indexed_slices_float16_inf": (lambda: [_indexed_slices([INF], tf.float16)], False),
+}
+
+
+@pytest.mark.parametrize("grads, expected", ALL_FINITE_CASES.values(), ids=ALL_FINITE_CASES)
+def test_all_finite_is_false_exactly_when_a_gradient_holds_nan_or_inf(grads, expected, mode):
+  grads = grads() if callable(grads) else grads
+  assert bool(mode(dynamic_scale.all_finite)(grads)) is expected
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
+@pytest.mark.parametrize("bad", [NAN, INF, -INF])
+def test_all_finite_detects_each_non_finite_value_in_each_float_dtype(dtype, bad):
+  finite = tf.constant([0.0, 1.0, -3.0], dtype)
+  assert bool(dynamic_scale.all_finite([finite]))
+  assert not bool(dynamic_scale.all_finite([finite, tf.constant([1.0, bad, 2.0], dtype)]))
+
+
+def test_all_finite_adds_at_most_three_ops_per_gradient():
+  for num_grads in (1, 10, 100):
+    graph = tf.Graph()
+    with graph.as_default():
+      grads = [tf.compat.v1.placeholder(tf.float32, [3, 4]) for _ in range(num_grads)]
+      before = len(graph.get_operations())
+      dynamic_scale.all_finite(grads)
+      added = len(graph.get_operations()) - before
+    assert added <= 3 * num_grads + 3, (num_grads, added)
+
+
+# --- next_scale_and_counter --------------------------------------------------
+
+_TRANSITION_SIGNATURE = [
+  tf.TensorSpec([], tf.float32),
+  tf.TensorSpec([], tf.int64),
+  tf.TensorSpec([], tf.bool),
+  tf.TensorSpec([], tf.int64),
+  tf.TensorSpec([], tf.float32),
+]
+# Tensor arguments, so each is traced once for all examples. (A Python-constant
+# multiplier lets graph optimizers turn `scale / multiplier` into a multiply by
+# the rounded reciprocal, 1 ulp off for multipliers that are not powers of 2;
+# TF's own class does the same.)
+TRANSITIONS = {
+  "eager": dynamic_scale.next_scale_and_counter,
+  "function": tf.function(
+    dynamic_scale.next_scale_and_counter, input_signature=_TRANSITION_SIGNATURE
+  ),
+  "jit": tf.function(
+    dynamic_scale.next_scale_and_counter,
+    input_signature=_TRANSITION_SIGNATURE,
+    jit_compile=True,
+  ),
+}
+
+
+def _transition(name):
+  """TRANSITIONS[name], called with tensors of the signature's dtypes."""
+  return lambda scale, counter, finite, growth_steps, multiplier: TRANSITIONS[name](
+    tf.constant(scale, tf.float32),
+    tf.constant(counter, tf.int64),
+    tf.constant(finite),
+    tf.constant(growth_steps, tf.int64),
+    tf.constant(multiplier, tf.float32),
+  )
+
+
+@SETTINGS
+@hypothesis.given(
+  scale=st.floats(min_value=2.0**-4, max_value=FLOAT32_MAX, width=32),
+  counter=st.integers(0, 9),
+  finite=st.booleans(),
+  growth_steps=st.integers(1, 9),
+  multiplier=st.floats(min_value=1.0, max_value=1e4, width=32),
+)
+@hypothesis.example(scale=2.0**127, counter=0, finite=True, growth_steps=1, multiplier=2.0)
+@hypothesis.example(scale=FLOAT32_MAX, counter=4, finite=True, growth_steps=5, multiplier=1.5)
+@hypothesis.example(scale=1.5, counter=3, finite=False, growth_steps=5, multiplier=2.0)
+@pytest.mark.parametrize("transition", list(TRANSITIONS))
+def test_transition_matches_float32_model(
+  transition, scale, counter, finite, growth_steps, multiplier
+):
+  next_scale, next_counter = _transition(transition)(
+    scale, counter, finite, growth_steps, multiplier
+  )
+  expected_scale, expected_counter = model_step(scale, counter, finite, growth_steps, multiplier)
+  assert next_scale.dtype == tf.float32 and next_counter.dtype == tf.int64
+  assert next_scale.numpy() == expected_scale
+  assert next_counter.numpy() == expected_counter
+  assert np.isfinite(next_scale.numpy())
+  if not finite:
+    assert next_scale.numpy() >= 1.0
+
+
+@pytest.mark.parametrize(
+  "scale, counter, finite, expected",
+  [
+    (8.0, 0, True, (8.0, 1)),  # counts a good step
+    (8.0, 2, True, (16.0, 0)),  # third good step of 3: grows, restarts the count
+    (8.0, 2, False, (4.0, 0)),  # non-finite: shrinks, restarts the count
+    (1.5, 1, False, (1.0, 0)),  # shrinks no lower than 1
+    (1.0, 0, False, (1.0, 0)),
+    (2.0**127, 2, True, (2.0**127, 0)),  # 2**128 is Inf in float32: keeps the scale
+    (FLOAT32_MAX, 2, True, (FLOAT32_MAX, 0)),
+  ],
+)
+@pytest.mark.parametrize("transition", list(TRANSITIONS))
+def test_transition_pins_tf24_values(transition, scale, counter, finite, expected):
+  next_scale, next_counter = _transition(transition)(scale, counter, finite, 3, 2.0)
+  assert (float(next_scale), int(next_counter)) == expected
+
+
+def test_transition_accepts_python_values():
+  assert [float(x) for x in dynamic_scale.next_scale_and_counter(8.0, 1, True, 2, 2.0)] == [16, 0]
+  assert [float(x) for x in dynamic_scale.next_scale_and_counter(8.0, 1, False, 2, 2.0)] == [4, 0]
+
+
+# --- DynamicLossScale.update as a state machine ------------------------------
+
+GRAD_VALUES = {"finite": 0.5, "nan": NAN, "inf": INF, "-inf": -INF}
+
+state_machine_args = dict(
+  initial_loss_scale=st.one_of(
+    st.floats(min_value=1.0, max_value=2.0**20, width=32),
+    st.floats(min_value=2.0**120, max_value=FLOAT32_MAX, width=32),
+  ),
+  increment_period=st.integers(1, 4),
+  multiplier=st.floats(min_value=1.0, max_value=1e3, width=32),
+  steps=st.lists(st.sampled_from(list(GRAD_VALUES)), max_size=12),
+)
+
+
+def _step_grads(kind):
+  """One step's gradients: a finite dense one, an IndexedSlices and a None."""
+  return [
+    tf.constant([1.0, -2.0]),
+    _indexed_slices([GRAD_VALUES[kind], 1.0], tf.float16),
+    None,
+  ]
+
+
+@SETTINGS
+@hypothesis.given(**state_machine_args)
+def test_update_follows_python_model(initial_loss_scale, increment_period, multiplier, steps):
+  ls = loss_scale.DynamicLossScale(initial_loss_scale, increment_period, multiplier)
+  scale, counter = np.float32(initial_loss_scale), 0
+  for kind in steps:
+    _, should_apply = ls.update(_step_grads(kind))
+    scale, counter = model_step(scale, counter, kind == "finite", increment_period, multiplier)
+    assert bool(should_apply) is (kind == "finite")
+    assert ls().numpy() == scale
+    assert ls._num_good_steps.numpy() == counter
+
+
+@SETTINGS
+@hypothesis.given(**state_machine_args)
+def test_update_matches_tf_dynamic_loss_scale(
+  initial_loss_scale, increment_period, multiplier, steps
+):
+  ours = loss_scale.DynamicLossScale(initial_loss_scale, increment_period, multiplier)
+  theirs = tf.compat.v1.mixed_precision.DynamicLossScale(
+    initial_loss_scale, increment_period, multiplier
+  )
+  for kind in steps:
+    _, our_apply = ours.update(_step_grads(kind))
+    _, their_apply = theirs.update(_step_grads(kind))
+    assert bool(our_apply) is bool(their_apply)
+    assert ours().numpy() == theirs().numpy()
+    assert ours._num_good_steps.numpy() == theirs._num_good_steps.numpy()
+
+
+# --- Under a tf.distribute strategy ------------------------------------------
+
+
+def _last_replica(strategy):
+  # Replica 0 stays finite: its decision alone would be wrong.
+  return strategy.num_replicas_in_sync - 1
+
+
+def test_variables_are_mirrored_non_trainable_and_unaggregated():
+  strategy = helpers.make_strategy("mirrored")
+  with strategy.scope():
+    ls = loss_scale.DynamicLossScale()
+  for var in (ls._current_loss_scale, ls._num_good_steps):
+    assert isinstance(var, tf_values.MirroredVariable)
+    assert not var.trainable
+    assert var.aggregation == tf.VariableAggregation.NONE
+    assert len(var.values) == 2
+
+
+def test_nan_on_one_replica_makes_every_replica_skip_and_halves_scale_once(strategy, mode):
+  with strategy.scope():
+    ls = loss_scale.DynamicLossScale(initial_loss_scale=8, increment_period=3)
+
+  @mode
+  def step(bad_replica):
+    def replica_fn():
+      grad = helpers.replica_nan([1.0, 2.0], bad_replica)
+      should_apply = tf.distribute.get_replica_context().merge_call(
+        lambda _, g: ls.update([g, None])[1], args=(grad,)
+      )
+      return tf.identity(should_apply)  # This replica's copy of the decision.
+
+    return strategy.run(replica_fn)
+
+  assert [bool(x) for x in strategy.experimental_local_results(step(-1))] == [True] * (
+    strategy.num_replicas_in_sync
+  )
+  assert (ls().numpy(), ls._num_good_steps.numpy()) == (8.0, 1)
+
+  should_apply = step(_last_replica(strategy))
+  assert [bool(x) for x in strategy.experimental_local_results(should_apply)] == [False] * (
+    strategy.num_replicas_in_sync
+  )
+  for var, expected in ((ls._current_loss_scale, 4.0), (ls._num_good_steps, 0)):
+    assert [x.numpy() for x in strategy.experimental_local_results(var)] == [expected] * (
+      strategy.num_replicas_in_sync
+    )
+
+
+@pytest.mark.parametrize(
+  "bad_replica, expected", [(None, True), (0, False), ("last", False)], ids=str
+)
+@pytest.mark.parametrize("grads_in_sync", [True, False])
+def test_replicas_all_finite_decides_once_for_all_replicas(
+  strategy, mode, grads_in_sync, bad_replica, expected
+):
+  bad_replica = {None: -1, 0: 0, "last": _last_replica(strategy)}[bad_replica]
+
+  @mode
+  def step():
+    def replica_fn():
+      ctx = tf.distribute.get_replica_context()
+      grad = helpers.replica_nan([1.0, 1e30], bad_replica)
+      if grads_in_sync:
+        grad = ctx.all_reduce(tf.distribute.ReduceOp.MEAN, grad)
+      finite = ctx.merge_call(
+        lambda _, g: dynamic_scale.replicas_all_finite([g, None], grads_in_sync),
+        args=(grad,),
+      )
+      return tf.identity(finite)  # This replica's copy of the decision.
+
+    return strategy.run(replica_fn)
+
+  results = [bool(x) for x in strategy.experimental_local_results(step())]
+  assert results == [expected] * strategy.num_replicas_in_sync
+
+
+@pytest.mark.parametrize("grads_in_sync", [True, False])
+def test_update_scale_variables_assigns_once_and_returns_decision(mode, grads_in_sync):
+  scale = tf.Variable(8.0)
+  counter = tf.Variable(1, dtype=tf.int64)
+
+  @mode
+  def step(grad):
+    return dynamic_scale.update_scale_variables(
+      scale, counter, {"a": [grad, None]}, 2, 2.0, grads_in_sync=grads_in_sync
+    )[1]
+
+  assert bool(step(tf.constant(1.0)))
+  assert (float(scale), int(counter)) == (16.0, 0)
+  assert not bool(step(tf.constant(NAN)))
+  assert (float(scale), int(counter)) == (8.0, 0)
