@@ -1,5 +1,6 @@
-# Sourced by scripts/demo and scripts/test: creates (or reuses) .venv with the
-# package installed in editable mode plus the extras given in $EXTRAS.
+# Sourced by the scripts/ commands: creates (or reuses) .venv with the package
+# installed in editable mode with its tf-keras and test extras (one environment
+# for the demo, the tests and the benchmark).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -7,11 +8,11 @@ PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-# Re-install only when setup.py or the requested extras changed.
-STAMP=".venv/.tf_lossscale-${EXTRAS//,/-}-$(sha1sum setup.py | cut -c1-12)"
+# Re-install only when setup.py changed.
+STAMP=".venv/.tf_lossscale-$(sha1sum setup.py | cut -c1-12)"
 if [ ! -f "$STAMP" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[${EXTRAS}]"
+  .venv/bin/python -m pip install -q -e ".[tf-keras,test]"
   touch "$STAMP"
 fi
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}"

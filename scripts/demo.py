@@ -43,7 +43,7 @@ def main():
     return loss
 
   print(f"policy {tf.keras.mixed_precision.global_policy().name}, inner {opt.inner_optimizer.name}")
-  print(" step      loss   loss scale  counter  step")
+  print(" step      loss   loss scale  counter  result")
   for step in range(args.steps):
     before = float(opt.loss_scale)
     loss = float(train_step())

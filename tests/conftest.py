@@ -1,8 +1,9 @@
 """Fixtures parametrizing tests over strategy and execution mode."""
 
-import helpers
 import pytest
 import tensorflow as tf
+
+import helpers
 
 
 @pytest.fixture(params=["default", "mirrored"])

@@ -10,6 +10,7 @@ import re
 import pytest
 import tensorflow as tf
 
+import helpers
 import tf_lossscale
 from tf_lossscale import loss_scale
 from tf_lossscale._src import loss_scale as loss_scale_src
@@ -122,7 +123,7 @@ def test_graph_mode_variables_are_top_level_global_and_initialized():
 
 
 def test_update_in_cross_replica_context_under_mirrored_strategy_with_plain_grads():
-  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  strategy = helpers.make_strategy("mirrored")
   with strategy.scope():
     ls = loss_scale.DynamicLossScale(initial_loss_scale=8.0, increment_period=1)
     _, should_apply = ls.update([tf.constant(1.0)])

@@ -1,7 +1,129 @@
-"""Deprecated experimental Keras `LossScaleOptimizer`. Placeholder until issue 3 lands."""
+"""The deprecated experimental Keras `LossScaleOptimizer(optimizer, loss_scale)`."""
+
+import keras
+from tensorflow.python.platform import tf_logging
 
 from tf_lossscale._src import keras_optimizer
 
 
 class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
-  """Not implemented yet: see issue 3."""
+  """A deprecated optimizer that applies loss scaling.
+
+  Warning: This class is deprecated and will be removed in TensorFlow 2.5.
+  Please use the non-experimental class
+  `tf_lossscale.keras.mixed_precision.LossScaleOptimizer` instead.
+
+  It is identical to the non-experimental class except for its constructor,
+  which takes a `loss_scale` where the non-experimental one takes `dynamic`,
+  `initial_scale` and `dynamic_growth_steps`. Conversions to the
+  non-experimental class (configs of Keras 3 optimizers built without a name
+  are compared with `comparable_config`, see `LossScaleOptimizer`):
+
+  >>> import tf_lossscale
+  >>> from tf_lossscale.keras import mixed_precision
+  >>> # In all of the the examples below, `opt1` and `opt2` are identical
+  >>> opt1 = mixed_precision.experimental.LossScaleOptimizer(
+  ...     tf.keras.optimizers.SGD(), loss_scale='dynamic')
+  >>> opt2 = mixed_precision.LossScaleOptimizer(
+  ...     tf.keras.optimizers.SGD())
+  >>> assert opt1.comparable_config() == opt2.comparable_config()
+
+  >>> opt1 = mixed_precision.experimental.LossScaleOptimizer(
+  ...     tf.keras.optimizers.SGD(), loss_scale=123)
+  >>> # dynamic=False indicates to use fixed loss scaling. initial_scale=123
+  >>> # refers to the initial loss scale, which is the single fixed loss scale
+  >>> # when dynamic=False.
+  >>> opt2 = mixed_precision.LossScaleOptimizer(
+  ...     tf.keras.optimizers.SGD(), dynamic=False, initial_scale=123)
+  >>> assert opt1.comparable_config() == opt2.comparable_config()
+
+  >>> loss_scale = tf_lossscale.mixed_precision.experimental.DynamicLossScale(
+  ...     initial_loss_scale=2048, increment_period=500)
+  >>> opt1 = mixed_precision.experimental.LossScaleOptimizer(
+  ...     tf.keras.optimizers.SGD(name='sgd'), loss_scale=loss_scale)
+  >>> opt2 = mixed_precision.LossScaleOptimizer(
+  ...     tf.keras.optimizers.SGD(name='sgd'), initial_scale=2048,
+  ...     dynamic_growth_steps=500)
+  >>> assert opt1.get_config() == opt2.get_config()
+
+  The experimental class subclasses the non-experimental class, not the
+  reverse; switch `isinstance` checks to the non-experimental class:
+
+  >>> opt1 = mixed_precision.experimental.LossScaleOptimizer(
+  ...     tf.keras.optimizers.SGD(), loss_scale='dynamic')
+  >>> # The experimental class subclasses the non-experimental class
+  >>> isinstance(opt1, mixed_precision.LossScaleOptimizer)
+  True
+  >>> opt2 = mixed_precision.LossScaleOptimizer(
+  ...     tf.keras.optimizers.SGD())
+  >>> # The non-experimental class does NOT subclass the experimental class.
+  >>> isinstance(opt2, mixed_precision.experimental.LossScaleOptimizer)
+  False
+
+  Args:
+    optimizer: The optimizer instance to wrap.
+    loss_scale: The loss scale: an int/float for a fixed loss scale, the
+      string "dynamic" for dynamic loss scaling (the same as passing
+      `DynamicLossScale()`), a `FixedLossScale`, or a `DynamicLossScale`
+      whose `multiplier` is 2 (the default).
+
+  Raises:
+    ValueError: For a `DynamicLossScale` whose multiplier is not 2, or a
+      `loss_scale` of another kind.
+    TypeError: For a `LossScale` that is neither a `FixedLossScale` nor a
+      `DynamicLossScale`.
+  """
+
+  _REGISTERED_NAME = "ExperimentalLossScaleOptimizer"
+
+  def __init__(self, optimizer, loss_scale):
+    settings = keras_optimizer._settings_from_legacy_loss_scale(loss_scale)  # pylint: disable=protected-access
+    arguments = "".join(f", {key}={value}" for key, value in settings.items() if key != "dynamic")
+    if not settings["dynamic"]:
+      arguments = ", dynamic=False" + arguments
+    tf_logging.warning(
+      "tf_lossscale.keras.mixed_precision.experimental.LossScaleOptimizer is "
+      "deprecated. Please use tf_lossscale.keras.mixed_precision.LossScaleOptimizer "
+      "instead. For example\n"
+      f"  opt = tf_lossscale.keras.mixed_precision.LossScaleOptimizer(opt{arguments})"
+    )
+    super().__init__(optimizer, **settings)
+
+  @classmethod
+  def from_config(cls, config, custom_objects=None):
+    """Creates the optimizer from `get_config()`'s output (either class's).
+
+    Args:
+      config: The config dict.
+      custom_objects: Optional dict of user-defined objects.
+
+    Returns:
+      A new experimental `LossScaleOptimizer`.
+
+    >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(name='sgd'), 8)
+    >>> LossScaleOptimizer.from_config(opt.get_config()).initial_scale
+    8.0
+    """
+    config = dict(config)
+    if "loss_scale" not in config:
+      config["optimizer"] = config.pop("inner_optimizer")
+      if config.pop("dynamic", True):
+        config["loss_scale"] = keras_optimizer.loss_scale_module.DynamicLossScale(
+          config.pop("initial_scale"), config.pop("dynamic_growth_steps")
+        )
+      else:
+        config["loss_scale"] = config.pop("initial_scale")
+        config.pop("dynamic_growth_steps", None)
+    optimizer = config.pop("optimizer")
+    if isinstance(optimizer, dict):
+      optimizer = cls._deserialize_inner(optimizer, custom_objects)
+    loss_scale = config.pop("loss_scale")
+    if isinstance(loss_scale, dict):
+      loss_scale = keras_optimizer.loss_scale_module.deserialize(loss_scale)
+    public_cls = getattr(cls, "_public_class", cls)
+    return public_cls(optimizer, loss_scale)
+
+
+keras.saving.register_keras_serializable("tf_lossscale", LossScaleOptimizer._REGISTERED_NAME)(  # pylint: disable=protected-access
+  LossScaleOptimizer
+)

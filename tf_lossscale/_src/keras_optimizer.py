@@ -1,10 +1,923 @@
-"""Keras `LossScaleOptimizer` (TF 2.4 API). Placeholder until issue 3 lands."""
+"""The Keras `LossScaleOptimizer` of TF 2.4, for every inner-optimizer family.
+
+One public class, `LossScaleOptimizer`, holds all the loss-scaling logic. Its
+`__new__` looks at the inner optimizer and returns an instance of a cached
+concrete class `(LossScaleOptimizer, <family base>)`, where the family base
+(`keras_keras3.Keras3Family`; `keras_tf_keras.OptimizerV2Family` for
+`tf_keras.optimizers.legacy`, `keras_tf_keras.TfKerasOptimizerFamily` for the
+newer `tf_keras.optimizers`) makes the object an optimizer of that framework
+and supplies a few thin hooks: how to
+all-reduce gradients once, how to apply already-reduced gradients, how to
+count a skipped step, which hyperparameters to delegate and how to
+(de)serialize the inner optimizer. The experimental subclass goes through the
+same dispatch, so `isinstance` works as in TF 2.4 both ways.
+
+How a step is applied (`apply_gradients`), for every family:
+
+1. In replica context the UNSCALED gradients are all-reduced once.
+2. `merge_call` enters the cross-replica context, where the dynamic scale
+   decides once, from the all-reduced gradients, whether they are all finite
+   (`DynamicLossScale._update(..., grads_in_sync=True)`): every replica
+   reaches the same decision without more communication.
+3. A `cond` either applies the reduced gradients through the inner optimizer
+   on every replica (which must not reduce them again) or skips the step,
+   only counting it in the inner optimizer's `iterations`.
+
+With a fixed scale there is no check: the step is always applied. With
+`experimental_aggregate_gradients=False` (the caller aggregates, or not), and
+for an OptimizerV2 under CentralStorageStrategy (which must aggregate itself),
+step 1 is left out and step 2 counts each replica's own finiteness instead.
+"""
+
+import sys
+import threading
+
+import keras
+import tensorflow as tf
+
+from tf_lossscale._src import loss_scale as loss_scale_module
+
+_DEFAULT_INITIAL_SCALE = 2.0**15
+_DEFAULT_GROWTH_STEPS = 2000
+
+# The hyperparameters TF 2.4's OptimizerV2 of each kind exposed (`_set_hyper`),
+# by class name. For optimizers without `_hyper` (Keras 3, new tf_keras) these
+# names are delegated when the inner optimizer has such an attribute.
+_TF24_HYPERPARAMETERS = {
+  "SGD": ("momentum", "decay"),
+  "Adam": ("beta_1", "beta_2", "decay"),
+  "Adamax": ("beta_1", "beta_2", "decay"),
+  "Nadam": ("beta_1", "beta_2", "decay"),
+  "RMSprop": ("rho", "momentum", "decay"),
+  "Adadelta": ("rho", "decay"),
+  "Adagrad": ("decay",),
+  "Ftrl": (
+    "learning_rate_power",
+    "l1_regularization_strength",
+    "l2_regularization_strength",
+    "beta",
+    "decay",
+  ),
+}
 
 
-class LossScaleOptimizer:
-  """Not implemented yet: see issue 3."""
+def tf24_hyperparameters(optimizer, classes):
+  """Names of `optimizer`'s attributes that TF 2.4 treated as hyperparameters.
 
-  def __init__(self, *args, **kwargs):
-    raise NotImplementedError(
-        "tf_lossscale.keras.mixed_precision.LossScaleOptimizer is not implemented yet."
+  Args:
+    optimizer: An optimizer without `_hyper` (Keras 3, new tf_keras).
+    classes: The module holding its framework's optimizer classes, e.g.
+      `keras.optimizers`; subclasses (Keras 3's AdamW of Adam) count too.
+
+  Returns:
+    A set of names, `learning_rate` included.
+
+  >>> sorted(tf24_hyperparameters(tf.keras.optimizers.Adam(), tf.keras.optimizers))
+  ['beta_1', 'beta_2', 'learning_rate']
+  """
+  names = {"learning_rate"}
+  for class_name, hypers in _TF24_HYPERPARAMETERS.items():
+    cls = getattr(classes, class_name, None)
+    if cls is not None and isinstance(optimizer, cls):
+      names.update(h for h in hypers if hasattr(optimizer, h))
+  return names
+
+
+class _Opaque:
+  """A holder that `tf.distribute` does not look into.
+
+  Mirrored variables passed through `call_for_each_replica` would otherwise be
+  unwrapped into their per-replica components, while the inner optimizer
+  needs the mirrored variables themselves.
+  """
+
+  __slots__ = ["value"]
+
+  def __init__(self, value):
+    self.value = value
+
+
+class _BaseOptimizerPlaceholder(tf.__internal__.tracking.Trackable):
+  """The empty `base_optimizer` child, for TF 2.2-era checkpoints.
+
+  Up to TF 2.2 the wrapper tracked the inner optimizer as `base_optimizer`,
+  so those checkpoints hold the slot variables under that node. Restoring one
+  asks this object for the slots, which it creates on the inner optimizer. It
+  has no variables of its own, so it adds no keys to new checkpoints.
+  """
+
+  def __init__(self, optimizer):
+    self._optimizer = optimizer
+
+  def get_slot_names(self):
+    return self._optimizer.get_slot_names()
+
+  def _create_or_restore_slot_variable(self, slot_variable_position, slot_name, variable):
+    return self._optimizer._create_or_restore_slot_variable(  # pylint: disable=protected-access
+      slot_variable_position, slot_name, variable
     )
+
+
+# Marks made by `scale_loss` (Keras 3's training-loop protocol), per thread:
+# tf.distribute runs each replica of a MirroredStrategy in its own thread.
+_SCALED_LOSS_MARKS = threading.local()
+
+
+def _marks():
+  if not hasattr(_SCALED_LOSS_MARKS, "value"):
+    _SCALED_LOSS_MARKS.value = set()
+  return _SCALED_LOSS_MARKS.value
+
+
+def _multiply(grad, factor):
+  factor = tf.cast(factor, grad.dtype)
+  if isinstance(grad, tf.IndexedSlices):
+    return tf.IndexedSlices(grad.values * factor, grad.indices, dense_shape=grad.dense_shape)
+  return grad * factor
+
+
+def _families():
+  """The family bases that can take an inner optimizer, Keras 3 first.
+
+  tf_keras is optional and slow to import: its family is only considered once
+  the user has imported tf_keras (an OptimizerV2 cannot exist before that).
+  """
+  from tf_lossscale._src import keras_keras3  # pylint: disable=g-import-not-at-top
+
+  families = [keras_keras3.Keras3Family]
+  if "tf_keras" in sys.modules:
+    from tf_lossscale._src import keras_tf_keras  # pylint: disable=g-import-not-at-top
+
+    families += [keras_tf_keras.OptimizerV2Family, keras_tf_keras.TfKerasOptimizerFamily]
+  return families
+
+
+_CONCRETE_CLASSES = {}
+
+
+def _concrete_class(public_cls, family):
+  """The cached class `(public_cls, family)`, named like `public_cls`."""
+  key = (public_cls, family)
+  if key not in _CONCRETE_CLASSES:
+    concrete = type(
+      public_cls.__name__,
+      (public_cls, family),
+      {
+        "__module__": public_cls.__module__,
+        "__qualname__": public_cls.__qualname__,
+        "__doc__": public_cls.__doc__,
+        "_public_class": public_cls,
+      },
+    )
+    family._register_serializable(concrete, public_cls._REGISTERED_NAME)  # pylint: disable=protected-access
+    _CONCRETE_CLASSES[key] = concrete
+  return _CONCRETE_CLASSES[key]
+
+
+def _raise_if_strategy_unsupported():
+  """Refuses the strategies whose variables are not replicated per replica.
+
+  As TF 2.4: the gradients would be unscaled once per compute replica but
+  should be once per variable replica. TF 2.4 also refused
+  CentralStorageStrategy, which works here.
+  """
+  if not tf.distribute.has_strategy():
+    return
+  strategy = tf.distribute.get_strategy()
+  if isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)):
+    raise ValueError(
+      "Loss scaling is not supported with TPUStrategy. Loss scaling is unnecessary "
+      "with TPUs, since they support bfloat16 instead of float16 and bfloat16 does "
+      "not require loss scaling. You should remove the use of the "
+      "LossScaleOptimizer when TPUs are used."
+    )
+  if isinstance(
+    strategy,
+    (
+      tf.distribute.experimental.ParameterServerStrategy,
+      tf.compat.v1.distribute.experimental.ParameterServerStrategy,
+    ),
+  ):
+    raise ValueError(
+      "Loss scaling is not supported with the tf.distribute.Strategy: "
+      f"{strategy.__class__.__name__}. Try using a different Strategy, e.g. a "
+      "MirroredStrategy"
+    )
+
+
+def _not_an_optimizer_error(inner_optimizer):
+  return TypeError(
+    '"inner_optimizer" must be an instance of `tf.keras.optimizers.Optimizer`, '
+    f"but got: {inner_optimizer}."
+  )
+
+
+class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
+  """An optimizer that applies loss scaling to prevent numeric underflow.
+
+  Loss scaling is a technique to prevent numeric underflow in intermediate
+  gradients when float16 is used. The loss is multiplied ("scaled") by a
+  factor called the loss scale, so every intermediate gradient is multiplied
+  by it too; the final gradients are divided ("unscaled") by the same factor
+  before they are applied.
+
+  `LossScaleOptimizer` wraps another optimizer and applies loss scaling to it.
+  The inner optimizer can be a Keras 3 optimizer (`tf.keras.optimizers.*`,
+  `keras.optimizers.*`) or, when tf_keras is installed, a
+  `tf_keras.optimizers.legacy.*` (OptimizerV2) or `tf_keras.optimizers.*`
+  optimizer; the wrapper is an optimizer of the same framework, so it can be
+  passed to that framework's `Model.compile` (which then does not add a loss
+  scale optimizer of its own, even under a `mixed_float16` policy).
+
+  By default the loss scale is dynamic: `minimize` scales the loss, unscales
+  the gradients and updates the loss scale, so wrapping the optimizer is all
+  that is needed:
+
+  >>> from tf_lossscale.keras import mixed_precision
+  >>> opt = tf.keras.optimizers.SGD(0.25)
+  >>> opt = mixed_precision.LossScaleOptimizer(opt)
+  >>> var = tf.Variable(1.)
+  >>> loss_fn = lambda: var ** 2
+  >>> # 'minimize' applies loss scaling and updates the loss sale.
+  >>> opt.minimize(loss_fn, var_list=var)
+  >>> print(var.numpy())
+  0.5
+
+  With a `tf.GradientTape`, scale the loss and unscale the gradients yourself
+  with `get_scaled_loss` and `get_unscaled_gradients`:
+
+  >>> with tf.GradientTape() as tape:
+  ...   loss = loss_fn()
+  ...   scaled_loss = opt.get_scaled_loss(loss)
+  >>> scaled_grad = tape.gradient(scaled_loss, var)
+  >>> (grad,) = opt.get_unscaled_gradients([scaled_grad])
+  >>> opt.apply_gradients([(grad, var)])  # Loss scale is updated here
+  >>> print(var.numpy())
+  0.25
+
+  Warning: call each of `get_scaled_loss` and `get_unscaled_gradients` exactly
+  once per step when using a `tf.GradientTape`.
+
+  `apply_gradients` takes unscaled gradients. Under a `tf.distribute` strategy
+  it all-reduces them first and, with a dynamic loss scale, skips the whole
+  step on every replica when any gradient of any replica is Inf or NaN
+  (variables and slots untouched, `iterations` still incremented), halving the
+  loss scale. Every `dynamic_growth_steps` consecutive finite steps the loss
+  scale doubles. With a fixed loss scale (`dynamic=False`) gradients are
+  applied as given. Gradient clipping set on the inner optimizer (`clipnorm`,
+  `clipvalue`, `global_clipnorm`) applies to the unscaled gradients.
+
+  Keras 3's `Model.fit` calls `scale_loss(loss)` and then passes the SCALED
+  gradients to `apply_gradients`: `scale_loss` marks the next `apply_gradients`
+  of the same thread and graph, which then unscales the gradients first. Do
+  not call `get_unscaled_gradients` on gradients of a loss scaled by
+  `scale_loss`.
+
+  Hyperparameters can be read and set through the wrapper, which delegates
+  them to the inner optimizer:
+
+  >>> opt = tf.keras.optimizers.Adam(beta_1=0.8, epsilon=1e-5)
+  >>> opt = mixed_precision.LossScaleOptimizer(opt)
+  >>> opt.beta_1  # Equivalent to `opt.inner_optimizer.beta_1`
+  0.8
+  >>> opt.beta_1 = 0.7  # Equivalent to `opt.inner_optimizer.beta_1 = 0.7`
+  >>> opt.beta_1
+  0.7
+  >>> opt.inner_optimizer.beta_1
+  0.7
+
+  Other attributes are not delegated. Adam's `epsilon` is not a
+  hyperparameter (TF 2.4's Adam never called `_set_hyper` on it):
+
+  >>> opt.inner_optimizer.epsilon
+  1e-05
+  >>> opt.epsilon
+  Traceback (most recent call last):
+  ...
+  AttributeError: 'LossScaleOptimizer' object has no attribute 'epsilon'
+  >>> opt.epsilon = 1e-4  # This does NOT set epsilon on `opt.inner_optimizer`
+  >>> opt.inner_optimizer.epsilon
+  1e-05
+
+  The delegated names are `learning_rate`/`lr`, `iterations`, `clipnorm`,
+  `clipvalue`, `global_clipnorm` and the hyperparameters TF 2.4's optimizer
+  of that kind had (SGD: momentum, decay; Adam, Adamax, Nadam: beta_1, beta_2,
+  decay; RMSprop: rho, momentum, decay; Adadelta: rho, decay; Adagrad: decay;
+  Ftrl: learning_rate_power, l1_regularization_strength,
+  l2_regularization_strength, beta, decay; a tf_keras OptimizerV2: its
+  `_hyper` names), when the inner optimizer has them. `dir()` lists them.
+
+  Config comparison: Keras 3 names default optimizers uniquely (`sgd`,
+  `sgd_1`, ...), so the configs of two freshly built wrappers differ in the
+  inner optimizer's name. `comparable_config()` is `get_config()` without such
+  an automatic inner name; compare those to check that two optimizers are
+  configured alike.
+
+  Args:
+    inner_optimizer: The optimizer to wrap.
+    dynamic: Bool, whether the loss scale is dynamic. Defaults to True. If
+      False, `initial_scale` must be given and is used as the fixed scale.
+    initial_scale: The initial loss scale. Defaults to `2 ** 15` when
+      `dynamic` is True. Start high: a scale too high falls within a few
+      steps, one too low rises only every `dynamic_growth_steps` steps.
+    dynamic_growth_steps: Consecutive steps with finite gradients after which
+      a dynamic loss scale doubles. Defaults to 2000. Only with
+      `dynamic=True`.
+
+  Raises:
+    TypeError: If `inner_optimizer` is not a supported optimizer or is a
+      `LossScaleOptimizer`, or if `dynamic` is not a bool.
+    ValueError: If `inner_optimizer` is already wrapped, or if `dynamic` is
+      False and `initial_scale` is missing or `dynamic_growth_steps` given.
+  """
+
+  _REGISTERED_NAME = "LossScaleOptimizer"
+
+  def __new__(cls, inner_optimizer=None, *args, **kwargs):
+    del args, kwargs
+    public_cls = getattr(cls, "_public_class", cls)
+    if inner_optimizer is None and public_cls is not cls:
+      # copy / pickle protocol: the concrete class is already known.
+      return super().__new__(cls)
+    for family in _families():
+      if family._accepts(inner_optimizer):  # pylint: disable=protected-access
+        return super().__new__(_concrete_class(public_cls, family))
+    raise _not_an_optimizer_error(inner_optimizer)
+
+  def __init__(self, inner_optimizer, dynamic=True, initial_scale=None, dynamic_growth_steps=None):
+    if not isinstance(dynamic, bool):
+      # Catches the second positional argument of the experimental class
+      # (a loss scale) passed to this class.
+      raise TypeError(
+        f'"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, but got: {dynamic!r}'
+      )
+    if isinstance(inner_optimizer, LossScaleOptimizer) or self._is_loss_scale_optimizer(
+      inner_optimizer
+    ):
+      raise TypeError(
+        f"LossScaleOptimizer cannot wrap another LossScaleOptimizer, but got: {inner_optimizer}"
+      )
+    _raise_if_strategy_unsupported()
+    if getattr(inner_optimizer, "_is_wrapped_by_loss_scale_optimizer", False):
+      # Wrapper and inner optimizer share one checkpoint node: two wrappers of
+      # one optimizer would fight over it.
+      raise ValueError(
+        '"inner_optimizer" is already wrapped by a LossScaleOptimizer. An '
+        "optimizer can only be wrapped by a single LossScaleOptimizer"
+      )
+    if dynamic:
+      initial_scale = _DEFAULT_INITIAL_SCALE if initial_scale is None else initial_scale
+      if dynamic_growth_steps is None:
+        dynamic_growth_steps = _DEFAULT_GROWTH_STEPS
+      with tf.init_scope():
+        state = loss_scale_module.DynamicLossScale(initial_scale, int(dynamic_growth_steps), 2.0)
+    else:
+      if initial_scale is None:
+        raise ValueError('"initial_scale" must be specified if "dynamic" is False')
+      if dynamic_growth_steps is not None:
+        raise ValueError(
+          '"dynamic_growth_steps" must be None if "dynamic" is False, '
+          f"but got: {dynamic_growth_steps}"
+        )
+      state = float(initial_scale)
+    self._set_internal("_optimizer", inner_optimizer)
+    self._set_internal("_loss_scale", state)
+    self._init_family()
+    inner_optimizer._is_wrapped_by_loss_scale_optimizer = True  # pylint: disable=protected-access
+    # From here on the checkpoint node of the wrapper is the inner
+    # optimizer's; the scale state and the placeholder hang from it.
+    self._set_internal("_trackable", inner_optimizer)
+    if self.dynamic:
+      self._track_trackable(state, "loss_scale", overwrite=True)
+    if hasattr(inner_optimizer, "get_slot_names"):
+      # Only optimizers with slot variables (OptimizerV2) existed in TF 2.2.
+      self._track_trackable(
+        _BaseOptimizerPlaceholder(inner_optimizer), "base_optimizer", overwrite=True
+      )
+
+  def _set_internal(self, name, value):
+    """Sets an attribute with no framework tracking or delegation."""
+    object.__setattr__(self, name, value)
+
+  # --- Loss-scale attributes -------------------------------------------------
+
+  @property
+  def dynamic(self):
+    """Bool, whether the loss scale is dynamic.
+
+    >>> LossScaleOptimizer(tf.keras.optimizers.SGD()).dynamic
+    True
+    """
+    return isinstance(self._loss_scale, loss_scale_module.DynamicLossScale)
+
+  @property
+  def loss_scale(self):
+    """The current loss scale as a float32 scalar tensor.
+
+    >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(), dynamic=False,
+    ...                          initial_scale=8)
+    >>> float(opt.loss_scale)
+    8.0
+    """
+    if self.dynamic:
+      return self._loss_scale()
+    return tf.convert_to_tensor(self._loss_scale, tf.float32)
+
+  @property
+  def dynamic_counter(self):
+    """Steps since the loss scale last changed (a variable); None if fixed.
+
+    It counts every finite step; on reaching `dynamic_growth_steps` the scale
+    doubles and it restarts at 0, as it does on a non-finite step, where the
+    scale halves.
+
+    >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD())
+    >>> int(opt.dynamic_counter)
+    0
+    """
+    if self.dynamic:
+      return self._loss_scale._num_good_steps  # pylint: disable=protected-access
+    return None
+
+  @property
+  def initial_scale(self):
+    """The initial loss scale (the only one when `dynamic` is False).
+
+    >>> LossScaleOptimizer(tf.keras.optimizers.SGD()).initial_scale
+    32768.0
+    """
+    if self.dynamic:
+      return self._loss_scale.initial_loss_scale
+    return self._loss_scale
+
+  @property
+  def dynamic_growth_steps(self):
+    """Finite steps before a dynamic loss scale doubles; None if fixed.
+
+    >>> LossScaleOptimizer(tf.keras.optimizers.SGD(),
+    ...                    dynamic_growth_steps=10).dynamic_growth_steps
+    10
+    """
+    if self.dynamic:
+      return self._loss_scale.increment_period
+    return None
+
+  @property
+  def inner_optimizer(self):
+    """The optimizer this `LossScaleOptimizer` wraps.
+
+    >>> sgd = tf.keras.optimizers.SGD()
+    >>> LossScaleOptimizer(sgd).inner_optimizer is sgd
+    True
+    """
+    return self._optimizer
+
+  # --- Scaling ----------------------------------------------------------------
+
+  def get_scaled_loss(self, loss):
+    """Multiplies the loss by the loss scale.
+
+    Only needed when computing gradients yourself, e.g. with a
+    `tf.GradientTape`; then call `get_unscaled_gradients` on the gradients.
+    `minimize` does both itself.
+
+    Args:
+      loss: A tensor, or a callable returning one.
+
+    Returns:
+      `loss` times `loss_scale`, in the loss's dtype (a callable for a
+      callable).
+
+    >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(), dynamic=False,
+    ...                          initial_scale=4)
+    >>> opt.get_scaled_loss(tf.constant(1.5, tf.float16))
+    <tf.Tensor: shape=(), dtype=float16, numpy=6.0>
+    """
+    if callable(loss):
+
+      def scaled_loss():
+        value = loss()
+        return value * tf.cast(self.loss_scale, value.dtype)
+
+      return scaled_loss
+    loss = tf.convert_to_tensor(loss)
+    return loss * tf.cast(self.loss_scale, loss.dtype)
+
+  def get_unscaled_gradients(self, grads):
+    """Divides every gradient by the loss scale.
+
+    Args:
+      grads: A list of gradients (tensors or `tf.IndexedSlices`); None entries
+        are kept as None.
+
+    Returns:
+      A new list of the same length, every non-None gradient divided by
+      `loss_scale`, `tf.IndexedSlices` kept as such.
+
+    >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(), dynamic=False,
+    ...                          initial_scale=4)
+    >>> [g if g is None else float(g)
+    ...  for g in opt.get_unscaled_gradients([tf.constant(2.), None])]
+    [0.5, None]
+    """
+    reciprocal = 1.0 / self.loss_scale
+    return [None if g is None else _multiply(g, reciprocal) for g in grads]
+
+  def scale_loss(self, loss):
+    """Keras 3's training-loop hook: scales `loss`, expects scaled gradients.
+
+    Keras 3's `Model.fit` calls it and then passes the gradients of the
+    scaled loss to `apply_gradients`. The next `apply_gradients` of this
+    thread in the same graph therefore unscales the gradients before
+    anything else. Custom loops use `get_scaled_loss` and
+    `get_unscaled_gradients` instead.
+
+    Args:
+      loss: The loss tensor.
+
+    Returns:
+      `loss` times `loss_scale`.
+
+    >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(1.), dynamic=False,
+    ...                          initial_scale=4)
+    >>> var = tf.Variable(1.)
+    >>> with tf.GradientTape() as tape:
+    ...   loss = opt.scale_loss(var * 3.)
+    >>> _ = opt.apply_gradients([(tape.gradient(loss, var), var)])
+    >>> print(var.numpy())
+    -2.0
+    """
+    _marks().add(self._mark_key())
+    return self.get_scaled_loss(loss)
+
+  def _mark_key(self):
+    return (id(self), tf.compat.v1.get_default_graph())
+
+  def _take_scaled_loss_mark(self):
+    key = self._mark_key()
+    marks = _marks()
+    if key in marks:
+      marks.discard(key)
+      return True
+    return False
+
+  # --- Applying ---------------------------------------------------------------
+
+  def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
+    """Minimizes `loss` over `var_list`, with loss scaling.
+
+    Scales the loss, computes the gradients, unscales them and calls
+    `apply_gradients`.
+
+    Args:
+      loss: A callable returning the loss, or a tensor when `tape` is given.
+      var_list: A variable, a list of variables, or a callable returning one.
+      grad_loss: Optional tensor, the gradient of the loss.
+      name: Optional name for the returned operation.
+      tape: The `tf.GradientTape` that computed a tensor `loss`.
+
+    Returns:
+      None when executing eagerly, otherwise the op applying the step.
+
+    >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(0.5))
+    >>> var = tf.Variable(3.)
+    >>> opt.minimize(lambda: var ** 2, var_list=[var])
+    >>> print(var.numpy())
+    0.0
+    """
+    if not callable(loss) and tape is None:
+      raise ValueError("`tape` is required when a `Tensor` loss is passed.")
+    tape = tf.GradientTape() if tape is None else tape
+    with tape:
+      if not callable(var_list):
+        tape.watch(var_list)
+      scaled_loss = self.get_scaled_loss(loss)
+      if callable(scaled_loss):
+        scaled_loss = scaled_loss()
+    if callable(var_list):
+      var_list = var_list()
+    var_list = tf.nest.flatten(var_list)
+    grads = tape.gradient(scaled_loss, var_list, grad_loss)
+    grads = self.get_unscaled_gradients(grads)
+    return self.apply_gradients(zip(grads, var_list, strict=True), name=name)
+
+  def apply_gradients(self, grads_and_vars, name=None, experimental_aggregate_gradients=True):
+    """Applies UNSCALED gradients, skipping non-finite steps.
+
+    Under a `tf.distribute` strategy the gradients are all-reduced first
+    (unless `experimental_aggregate_gradients` is False, for gradients you
+    already reduced). With a dynamic loss scale, one decision for all
+    replicas: if any gradient is Inf or NaN, no variable or slot changes,
+    the loss scale halves and only `iterations` counts the step; otherwise the
+    inner optimizer applies the gradients and the loss scale is updated.
+
+    Args:
+      grads_and_vars: Iterable of (unscaled gradient, variable) pairs.
+      name: Optional name for the returned operation.
+      experimental_aggregate_gradients: Whether to sum the gradients of all
+        replicas first. Defaults to True.
+
+    Returns:
+      None when executing eagerly, otherwise the op applying the step.
+
+    Raises:
+      ValueError: In a cross-replica context, or if no gradient is given.
+
+    >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(1.), initial_scale=8)
+    >>> var = tf.Variable(1.)
+    >>> opt.apply_gradients([(tf.constant(float('nan')), var)])
+    >>> float(var.numpy()), float(opt.loss_scale), int(opt.iterations.numpy())
+    (1.0, 4.0, 1)
+    """
+    if tf.distribute.in_cross_replica_context():
+      raise ValueError("apply_gradients() must be called in a replica context.")
+    # Checked here too: the optimizer is often built outside the strategy.
+    _raise_if_strategy_unsupported()
+    grads_and_vars = [(g, v) for g, v in grads_and_vars]
+    if self._take_scaled_loss_mark():
+      grads = self.get_unscaled_gradients([g for g, _ in grads_and_vars])
+      grads_and_vars = list(zip(grads, [v for _, v in grads_and_vars], strict=True))
+    grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
+    if not grads_and_vars:
+      raise ValueError("No gradients provided for any variable.")
+    self._build_inner([v for _, v in grads_and_vars])
+    # Reduced here, the gradients are the same on every replica and one
+    # replica's finiteness is everyone's. Without aggregation (the caller's
+    # choice) or where the inner optimizer must aggregate itself, each
+    # replica's finiteness counts.
+    inner_aggregates = experimental_aggregate_gradients and not self._can_apply_reduced()
+    in_sync = experimental_aggregate_gradients and not inner_aggregates
+    if in_sync:
+      grads_and_vars = self._reduce_gradients(grads_and_vars)
+    grads = [g for g, _ in grads_and_vars]
+    wrapped_vars = _Opaque([v for _, v in grads_and_vars])
+    return tf.distribute.get_replica_context().merge_call(
+      self._apply_cross_replica, args=(grads, wrapped_vars, name, in_sync, inner_aggregates)
+    )
+
+  def _apply_cross_replica(self, strategy, grads, wrapped_vars, name, in_sync, inner_aggregates):
+    if self.dynamic:
+      update_op, should_apply = self._loss_scale._update(grads, grads_in_sync=in_sync)  # pylint: disable=protected-access
+    else:
+      update_op, should_apply = tf.no_op(), True
+
+    def apply_fn():
+      return strategy.extended.call_for_each_replica(
+        self._apply_inner, args=(grads, wrapped_vars, name, inner_aggregates)
+      )
+
+    def skip_fn():
+      return self._count_skipped_step()
+
+    # The cond runs in cross-replica context: the inner optimizer's apply
+    # calls merge_call, which a cond in replica context cannot contain.
+    maybe_apply = tf.__internal__.smart_cond.smart_cond(should_apply, apply_fn, skip_fn)
+    return tf.group(*[op for op in (maybe_apply, update_op) if op is not None])
+
+  # --- Delegation to the inner optimizer -----------------------------------
+
+  @property
+  def iterations(self):
+    """The inner optimizer's step counter (skipped steps included)."""
+    return self._optimizer.iterations
+
+  @iterations.setter
+  def iterations(self, variable):
+    self._optimizer.iterations = variable
+
+  @property
+  def learning_rate(self):
+    """The inner optimizer's learning rate."""
+    return self._optimizer.learning_rate
+
+  @learning_rate.setter
+  def learning_rate(self, value):
+    self._optimizer.learning_rate = value
+
+  lr = learning_rate
+
+  @property
+  def clipnorm(self):
+    """The inner optimizer's `clipnorm`."""
+    return self._optimizer.clipnorm
+
+  @clipnorm.setter
+  def clipnorm(self, value):
+    self._optimizer.clipnorm = value
+
+  @property
+  def clipvalue(self):
+    """The inner optimizer's `clipvalue`."""
+    return self._optimizer.clipvalue
+
+  @clipvalue.setter
+  def clipvalue(self, value):
+    self._optimizer.clipvalue = value
+
+  @property
+  def global_clipnorm(self):
+    """The inner optimizer's `global_clipnorm`."""
+    return self._optimizer.global_clipnorm
+
+  @global_clipnorm.setter
+  def global_clipnorm(self, value):
+    self._optimizer.global_clipnorm = value
+
+  def _delegated_hyperparameter(self, name):
+    """`name` as the inner optimizer knows it if delegated, else None."""
+    try:
+      optimizer = object.__getattribute__(self, "_optimizer")
+    except AttributeError:
+      return None
+    name = "learning_rate" if name == "lr" else name
+    return name if name in self._hyperparameter_names(optimizer) else None
+
+  def __getattr__(self, name):
+    # Only reached when normal lookup fails.
+    hyper = None if name.startswith("__") else self._delegated_hyperparameter(name)
+    if hyper is None:
+      raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+    return self._get_hyperparameter(hyper)
+
+  def __setattr__(self, name, value):
+    hyper = self._delegated_hyperparameter(name)
+    if hyper is not None and not self._has_own_attribute(name):
+      self._set_hyperparameter(hyper, value)
+    else:
+      super().__setattr__(name, value)
+
+  def _has_own_attribute(self, name):
+    try:
+      object.__getattribute__(self, name)
+    except AttributeError:
+      return False
+    return True
+
+  def __dir__(self):
+    names = set(super().__dir__())
+    optimizer = self.__dict__.get("_optimizer")
+    if optimizer is not None:
+      hypers = self._hyperparameter_names(optimizer)
+      names |= hypers
+      if "learning_rate" in hypers:
+        names.add("lr")
+    return sorted(names)
+
+  # --- Config -------------------------------------------------------------------
+
+  def get_config(self):
+    """Returns the config: the serialized inner optimizer and the scale settings.
+
+    >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(name='sgd'),
+    ...                          dynamic=False, initial_scale=8)
+    >>> config = opt.get_config()
+    >>> config['inner_optimizer']['class_name'], config['initial_scale']
+    ('SGD', 8.0)
+    >>> type(opt).from_config(config).initial_scale
+    8.0
+    """
+    return {
+      "inner_optimizer": self._serialize_inner(self._optimizer),
+      "dynamic": self.dynamic,
+      "initial_scale": self.initial_scale,
+      "dynamic_growth_steps": self.dynamic_growth_steps,
+    }
+
+  def comparable_config(self):
+    """`get_config()` without the inner optimizer's automatic name.
+
+    Keras 3 names each default optimizer uniquely (`sgd`, `sgd_1`, ...), so
+    two freshly built, identically configured optimizers have different
+    configs. This config drops the inner `name` when it is such an automatic
+    name, so equal configurations compare equal. Names you chose are kept.
+
+    Returns:
+      A dict, `get_config()` possibly without `inner_optimizer.config.name`.
+
+    >>> opt1 = LossScaleOptimizer(tf.keras.optimizers.SGD())
+    >>> opt2 = LossScaleOptimizer(tf.keras.optimizers.SGD())
+    >>> opt1.get_config() == opt2.get_config()
+    False
+    >>> opt1.comparable_config() == opt2.comparable_config()
+    True
+    """
+    config = self.get_config()
+    if self._has_automatic_name(self._optimizer):
+      inner = dict(config["inner_optimizer"])
+      inner["config"] = {k: v for k, v in inner["config"].items() if k != "name"}
+      config["inner_optimizer"] = inner
+    return config
+
+  @classmethod
+  def from_config(cls, config, custom_objects=None):
+    """Creates a `LossScaleOptimizer` from `get_config()`'s output.
+
+    Also accepts the config of TF 2.3's experimental class (keys `optimizer`
+    and `loss_scale`).
+
+    Args:
+      config: The config dict.
+      custom_objects: Optional dict of user-defined objects used by the
+        inner optimizer's config.
+
+    Returns:
+      A new `LossScaleOptimizer`.
+
+    Raises:
+      ValueError: For an old config whose loss scale is neither a
+        `FixedLossScale` nor a `DynamicLossScale` with multiplier 2.
+
+    >>> old = {'optimizer': {'class_name': 'SGD', 'config': {'name': 'sgd'}},
+    ...        'loss_scale': {'class_name': 'FixedLossScale',
+    ...                       'config': {'loss_scale_value': 16.}}}
+    >>> opt = LossScaleOptimizer.from_config(old)
+    >>> opt.dynamic, opt.initial_scale
+    (False, 16.0)
+    """
+    config = dict(config)
+    if "loss_scale" in config:
+      config.update(_settings_from_legacy_loss_scale(config.pop("loss_scale"), deserializing=True))
+      config["inner_optimizer"] = config.pop("optimizer")
+    inner = config.pop("inner_optimizer")
+    if isinstance(inner, dict):
+      inner = cls._deserialize_inner(inner, custom_objects)
+    public_cls = getattr(cls, "_public_class", cls)
+    return public_cls(inner, **config)
+
+  @classmethod
+  def _deserialize_inner(cls, config, custom_objects):
+    """Deserializes an inner optimizer config of any family."""
+    family = cls if hasattr(cls, "_deserialize_family_inner") else None
+    if family is None:
+      # Keras 3 and tf_keras both write module `keras.optimizers`; only
+      # tf_keras writes `is_legacy_optimizer`.
+      legacy = str(config.get("module", "")).startswith("keras.optimizers.legacy")
+      if legacy or "is_legacy_optimizer" in config.get("config", {}):
+        from tf_lossscale._src import keras_tf_keras  # pylint: disable=g-import-not-at-top
+
+        family = (
+          keras_tf_keras.OptimizerV2Family if legacy else keras_tf_keras.TfKerasOptimizerFamily
+        )
+      else:
+        family = _families()[0]
+    return family._deserialize_family_inner(config, custom_objects)  # pylint: disable=protected-access
+
+
+def _settings_from_legacy_loss_scale(loss_scale, deserializing=False):
+  """Constructor settings (`dynamic`, ...) equivalent to a TF1 loss scale.
+
+  Args:
+    loss_scale: `'dynamic'`, a number, a `FixedLossScale`, a
+      `DynamicLossScale` (multiplier 2 only), or with `deserializing` a
+      serialized one.
+    deserializing: Whether `loss_scale` comes from an old config.
+
+  Returns:
+    A dict of `LossScaleOptimizer` keyword arguments.
+  """
+  if deserializing and isinstance(loss_scale, dict):
+    loss_scale = loss_scale_module.deserialize(loss_scale)
+  if isinstance(loss_scale, bool) or loss_scale is None:
+    pass
+  elif isinstance(loss_scale, (int, float)):
+    return {"dynamic": False, "initial_scale": loss_scale}
+  elif isinstance(loss_scale, str) and loss_scale == "dynamic":
+    return {"dynamic": True}
+  if isinstance(loss_scale, loss_scale_module.FixedLossScale):
+    return {"dynamic": False, "initial_scale": loss_scale._loss_scale_value}  # pylint: disable=protected-access
+  if isinstance(loss_scale, loss_scale_module.DynamicLossScale):
+    if loss_scale.multiplier != 2:
+      if deserializing:
+        raise ValueError(
+          "Cannot deserialize LossScaleOptimizer with a DynamicLossScale whose "
+          f"multiplier is not 2. Got DynamicLossScale: {loss_scale}"
+        )
+      raise ValueError(
+        'When passing a DynamicLossScale to "loss_scale", '
+        f"DynamicLossScale.multiplier must be 2. Got: {loss_scale}"
+      )
+    return {
+      "dynamic": True,
+      "initial_scale": loss_scale.initial_loss_scale,
+      "dynamic_growth_steps": loss_scale.increment_period,
+    }
+  if isinstance(loss_scale, loss_scale_module.LossScale):
+    if deserializing:
+      raise ValueError(
+        "Serialized LossScaleOptimizers with a LossScale that is neither a "
+        "FixedLossScale nor a DynamicLossScale can no longer be deserialized"
+      )
+    raise TypeError(
+      "Passing a LossScale that is not a FixedLossScale or a DynamicLossScale "
+      f"is no longer supported. Got: {loss_scale}"
+    )
+  raise ValueError(
+    'Invalid value passed to loss_scale. loss_scale must be the string "dynamic" '
+    "(recommended), an int, a float, a FixedLossScale, or a DynamicLossScale. Got "
+    f"value: {loss_scale}"
+  )
+
+
+keras.saving.register_keras_serializable("tf_lossscale", LossScaleOptimizer._REGISTERED_NAME)(  # pylint: disable=protected-access
+  LossScaleOptimizer
+)

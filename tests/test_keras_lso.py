@@ -1,0 +1,407 @@
+"""Keras LossScaleOptimizer: applying steps, per inner family, strategy and mode.
+
+Also holds the helpers the other `test_keras_lso_*` files import.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import helpers
+from tf_lossscale.keras import mixed_precision
+
+FAMILIES = ["keras3", "tf_keras", "tf_keras_new"]
+_MODULES = {
+  "keras3": keras.optimizers,
+  "tf_keras": tf_keras.optimizers.legacy,  # OptimizerV2, TF 2.4's optimizers
+  "tf_keras_new": tf_keras.optimizers,
+}
+
+
+def make_inner(family, kind="SGD", **kwargs):
+  """A fresh inner optimizer `kind` of `family` (see `_MODULES`)."""
+  return getattr(_MODULES[family], kind)(**kwargs)
+
+
+def momentum_slot(opt, var):
+  """The SGD momentum slot of `var` in the wrapped optimizer `opt`."""
+  inner = opt.inner_optimizer
+  if isinstance(inner, keras.optimizers.Optimizer):
+    return inner.momentums[inner._get_variable_index(var)].value
+  if isinstance(inner, tf_keras.optimizers.Optimizer):
+    return inner.momentums[inner._index_dict[inner._var_key(var)]]
+  return inner.get_slot(var, "momentum")
+
+
+def locals_of(strategy, value):
+  """Every replica's copy of a variable, as numpy arrays."""
+  if isinstance(value, keras.Variable):
+    value = value.value
+  return [np.asarray(v.numpy()) for v in strategy.experimental_local_results(value)]
+
+
+def count(value):
+  """An int from a (Keras, mirrored) integer variable."""
+  if isinstance(value, keras.Variable):
+    value = value.value
+  return int(tf.convert_to_tensor(value).numpy())
+
+
+_MIRRORED = []
+
+
+def shared_strategy(name):
+  """'default' (no strategy) or the shared MirroredStrategy over two logical CPUs."""
+  if name == "default":
+    return tf.distribute.get_strategy()
+  if not _MIRRORED:
+    _MIRRORED.append(helpers.make_strategy("mirrored"))
+  return _MIRRORED[0]
+
+
+@pytest.fixture(params=["default", "mirrored"])
+def strategy(request):
+  """Overrides the conftest fixture: one MirroredStrategy shared by these tests."""
+  return shared_strategy(request.param)
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request):
+  return request.param
+
+
+def _check_incoming_gradient(x, expected):
+  """Identity whose backward pass asserts that the incoming gradient == expected."""
+
+  @tf.custom_gradient
+  def identity(x):
+    def grad(dy):
+      tf.debugging.assert_equal(dy, tf.fill(tf.shape(dy), expected))
+      return dy
+
+    return tf.identity(x), grad
+
+  return identity(x)
+
+
+def _custom_loop_step(strategy, mode, opt, var):
+  """step(expected_scale, bad): one custom-loop step on every replica.
+
+  The loss is sum(3 * var) per replica; the gradient reaching the identity
+  must be 3 x the loss scale in use. With `bad`, the last replica's gradient
+  is NaN.
+  """
+  last = strategy.num_replicas_in_sync - 1
+
+  def replica_fn(expected_scale, bad):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(3.0 * _check_incoming_gradient(var, 3.0 * expected_scale))
+      scaled_loss = opt.get_scaled_loss(loss)
+    (grad,) = opt.get_unscaled_gradients(tape.gradient(scaled_loss, [var]))
+    grad = tf.cond(bad, lambda: helpers.replica_nan(grad, last), lambda: grad)
+    opt.apply_gradients([(grad, var)])
+
+  @mode
+  def step(expected_scale, bad):
+    strategy.run(replica_fn, args=(expected_scale, bad))
+
+  return lambda expected_scale, bad=False: step(tf.constant(expected_scale), tf.constant(bad))
+
+
+def test_dynamic_scale_sequence(family, strategy, mode):
+  """Scale reaches the gradients, grows, halves on NaN (any replica); skips leave all untouched."""
+  replicas = strategy.num_replicas_in_sync
+  with strategy.scope():
+    var = tf.Variable([1.0, 2.0])
+    opt = mixed_precision.LossScaleOptimizer(
+      make_inner(family, learning_rate=1.0, momentum=0.5), initial_scale=8, dynamic_growth_steps=2
+    )
+  step = _custom_loop_step(strategy, mode, opt, var)
+  g = 3.0 * replicas  # the all-reduced (summed) gradient
+
+  step(8.0)
+  for value in locals_of(strategy, var):
+    np.testing.assert_allclose(value, [1 - g, 2 - g])
+  assert float(opt.loss_scale) == 8.0 and count(opt.dynamic_counter) == 1
+  assert count(opt.iterations) == 1
+
+  step(8.0, bad=True)  # NaN on the last replica only: every replica skips.
+  for value in locals_of(strategy, var):
+    np.testing.assert_allclose(value, [1 - g, 2 - g])
+  for value in locals_of(strategy, momentum_slot(opt, var)):
+    np.testing.assert_allclose(value, [-g, -g])
+  assert float(opt.loss_scale) == 4.0 and count(opt.dynamic_counter) == 0
+  assert count(opt.iterations) == 2
+
+  step(4.0)
+  step(4.0)  # second good step in a row: the scale doubles.
+  assert float(opt.loss_scale) == 8.0 and count(opt.dynamic_counter) == 0
+  assert count(opt.iterations) == 4
+  for value in locals_of(strategy, var):
+    np.testing.assert_allclose(value, [1 - 12.75 * replicas, 2 - 12.75 * replicas])
+  for value in locals_of(strategy, momentum_slot(opt, var)):
+    np.testing.assert_allclose(value, [-5.25 * replicas] * 2)
+
+
+def test_fixed_scale_applies_as_given(family, strategy, mode):
+  """A fixed scale reaches the gradients and nothing checks them: NaN is applied."""
+  with strategy.scope():
+    var = tf.Variable([1.0, 2.0])
+    opt = mixed_precision.LossScaleOptimizer(
+      make_inner(family, learning_rate=1.0), dynamic=False, initial_scale=16
+    )
+  step = _custom_loop_step(strategy, mode, opt, var)
+  step(16.0)
+  g = 3.0 * strategy.num_replicas_in_sync
+  np.testing.assert_allclose(var.numpy(), [1 - g, 2 - g])
+  assert opt.dynamic_counter is None and float(opt.loss_scale) == 16.0
+  step(16.0, bad=True)
+  assert np.isnan(var.numpy()).all()
+  assert float(opt.loss_scale) == 16.0 and count(opt.iterations) == 2
+
+
+def test_keras3_own_lso_lets_one_replica_nan_through():
+  """Documented difference: Keras 3's LossScaleOptimizer checks before its all-reduce."""
+  strategy = shared_strategy("mirrored")
+  with strategy.scope():
+    var = tf.Variable([1.0, 2.0])
+    opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=8.0)
+
+  def replica_fn():
+    opt.apply_gradients([(helpers.replica_nan(tf.constant([1.0, 1.0]), 1), var)])
+
+  strategy.run(replica_fn)  # (eagerly: in a tf.function it fails to run at all)
+  assert np.isnan(var.numpy()).all()  # ours skips: see test_dynamic_scale_sequence
+
+
+def test_minimize(family, strategy, mode):
+  with strategy.scope():
+    var = tf.Variable([3.0])
+    opt = mixed_precision.LossScaleOptimizer(make_inner(family, learning_rate=0.5), initial_scale=4)
+
+  @mode
+  def step():
+    strategy.run(lambda: opt.minimize(lambda: var**2, var_list=[var]))
+
+  step()
+  # d/dvar var**2 = 6 per replica, summed over replicas.
+  assert float(var.numpy()[0]) == pytest.approx(3.0 - 0.5 * 6.0 * strategy.num_replicas_in_sync)
+  assert count(opt.dynamic_counter) == 1
+
+
+def test_minimize_with_tape_and_tensor_loss(family):
+  var = tf.Variable(2.0)
+  opt = mixed_precision.LossScaleOptimizer(make_inner(family, learning_rate=0.25))
+  tape = tf.GradientTape()
+  with tape:
+    loss = var**2
+  opt.minimize(loss, var_list=[var], tape=tape)
+  assert float(var.numpy()) == 1.0
+  with pytest.raises(ValueError, match="`tape` is required"):
+    opt.minimize(var**2, var_list=[var])
+
+
+def test_float16_loss_keeps_dtype_and_overflow_skips(family):
+  var = tf.Variable(2.0)
+  opt = mixed_precision.LossScaleOptimizer(make_inner(family, learning_rate=1.0))
+  with tf.GradientTape() as tape:
+    loss = tf.cast(var, tf.float16) * tf.constant(4.0, tf.float16)
+    scaled = opt.get_scaled_loss(loss)
+  assert scaled.dtype == tf.float16
+  assert np.isinf(scaled.numpy())  # 8 * 2**15 overflows float16
+  (grad,) = opt.get_unscaled_gradients(tape.gradient(scaled, [var]))
+  opt.apply_gradients([(grad, var)])
+  assert float(var.numpy()) == 2.0 and float(opt.loss_scale) == 2.0**14
+  with tf.GradientTape() as tape:
+    scaled = opt.get_scaled_loss(tf.cast(var, tf.float16) * tf.constant(0.5, tf.float16))
+  assert scaled.dtype == tf.float16 and float(scaled.numpy()) == 2.0**14
+  (grad,) = opt.get_unscaled_gradients(tape.gradient(scaled, [var]))
+  opt.apply_gradients([(grad, var)])
+  assert float(var.numpy()) == 1.5
+
+
+@pytest.mark.parametrize(
+  "clip, expected",
+  [
+    ({"clipnorm": 1.0}, [1 - 0.6, 1 - 0.8]),
+    ({"clipvalue": 1.0}, [1 - 1.0, 1 - 1.0]),
+    ({"global_clipnorm": 1.0}, [1 - 0.6, 1 - 0.8]),
+  ],
+)
+def test_clipping_applies_to_unscaled_gradients_and_nan_is_skipped(family, clip, expected):
+  var = tf.Variable([1.0, 1.0])
+  opt = mixed_precision.LossScaleOptimizer(
+    make_inner(family, learning_rate=1.0, **clip), initial_scale=2.0**10
+  )
+  assert getattr(opt, next(iter(clip))) == 1.0
+  with tf.GradientTape() as tape:
+    scaled = opt.get_scaled_loss(tf.reduce_sum(var * tf.constant([3.0, 4.0])))
+  grads = opt.get_unscaled_gradients(tape.gradient(scaled, [var]))
+  opt.apply_gradients(zip(grads, [var], strict=True))
+  np.testing.assert_allclose(var.numpy(), expected, rtol=1e-6)
+  opt.apply_gradients([(tf.constant([float("inf"), 1.0]), var)])
+  np.testing.assert_allclose(var.numpy(), expected, rtol=1e-6)
+  assert float(opt.loss_scale) == 2.0**9
+
+
+def test_get_unscaled_gradients_keeps_none_and_indexed_slices(family):
+  opt = mixed_precision.LossScaleOptimizer(make_inner(family), dynamic=False, initial_scale=4)
+  sparse = tf.IndexedSlices(tf.constant([[4.0, 8.0]]), tf.constant([1]), tf.constant([3, 2]))
+  dense, none, unscaled_sparse = opt.get_unscaled_gradients([tf.constant(2.0), None, sparse])
+  assert float(dense) == 0.5 and none is None
+  assert isinstance(unscaled_sparse, tf.IndexedSlices)
+  np.testing.assert_allclose(unscaled_sparse.values.numpy(), [[1.0, 2.0]])
+  np.testing.assert_array_equal(unscaled_sparse.indices.numpy(), [1])
+
+
+def test_get_scaled_loss_callable(family):
+  opt = mixed_precision.LossScaleOptimizer(make_inner(family), dynamic=False, initial_scale=4)
+  scaled = opt.get_scaled_loss(lambda: tf.constant(3.0))
+  assert callable(scaled) and float(scaled()) == 12.0
+
+
+def test_sparse_gradient_applied(family, strategy):
+  with strategy.scope():
+    var = tf.Variable([[1.0], [2.0], [3.0]])
+    opt = mixed_precision.LossScaleOptimizer(make_inner(family, learning_rate=1.0), initial_scale=8)
+
+  def replica_fn():
+    with tf.GradientTape() as tape:
+      loss = opt.get_scaled_loss(tf.reduce_sum(tf.gather(var, [1])))
+    grads = opt.get_unscaled_gradients(tape.gradient(loss, [var]))
+    assert isinstance(grads[0], tf.IndexedSlices)
+    opt.apply_gradients(zip(grads, [var], strict=True))
+
+  tf.function(lambda: strategy.run(replica_fn))()
+  replicas = strategy.num_replicas_in_sync
+  np.testing.assert_allclose(var.numpy(), [[1.0], [2.0 - replicas], [3.0]])
+
+
+def test_apply_gradients_in_cross_replica_context_raises(family):
+  strategy = shared_strategy("mirrored")
+  with strategy.scope():
+    var = tf.Variable([1.0])
+    opt = mixed_precision.LossScaleOptimizer(make_inner(family))
+    with pytest.raises(
+      ValueError, match=r"^apply_gradients\(\) must be called in a replica context\.$"
+    ):
+      opt.apply_gradients([(tf.constant([1.0]), var)])
+
+
+def test_iterations_setter_and_skipped_steps_tf_keras():
+  opt = mixed_precision.LossScaleOptimizer(make_inner("tf_keras"), initial_scale=2)
+  opt.iterations = tf.Variable(7, dtype=tf.int64)
+  assert count(opt.inner_optimizer.iterations) == 7
+  var = tf.Variable(1.0)
+  opt.apply_gradients([(tf.constant(float("nan")), var)])
+  assert count(opt.iterations) == 8 and float(var.numpy()) == 1.0
+
+
+def test_weights_methods(family):
+  var = tf.Variable([1.0, 2.0])
+  opt = mixed_precision.LossScaleOptimizer(make_inner(family, momentum=0.9))
+  opt.apply_gradients([(tf.constant([1.0, 1.0]), var)])
+  inner = opt.inner_optimizer
+  if family != "tf_keras":
+    # Keras 3 also holds the learning rate as a variable.
+    assert opt.variables is not None and len(opt.variables) == (3 if family == "keras3" else 2)
+    assert [id(v) for v in opt.variables] == [id(v) for v in inner.variables]
+  else:
+    assert opt.variables() == inner.variables() and opt.weights == inner.weights
+    weights = opt.get_weights()
+    assert len(weights) == 2 and int(weights[0]) == 1
+    opt.set_weights([np.int64(5), np.array([3.0, 4.0], np.float32)])
+    assert count(inner.iterations) == 5
+    np.testing.assert_allclose(opt.get_slot(var, "momentum").numpy(), [3.0, 4.0])
+    assert opt.get_slot_names() == ["momentum"]
+
+
+@pytest.mark.parametrize("mode_name", ["eager", "function"])
+def test_differential_against_tf_keras_lso(family, strategy, mode_name):
+  """Same data, NaN steps included: identical variables, slots and scale to tf_keras's class."""
+  wrap = tf.function if mode_name == "function" else (lambda f: f)
+  runs = []
+  for make in (
+    lambda: mixed_precision.LossScaleOptimizer(
+      make_inner(family, learning_rate=0.1, momentum=0.9), initial_scale=4, dynamic_growth_steps=3
+    ),
+    lambda: tf_keras.mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.legacy.SGD(learning_rate=0.1, momentum=0.9),
+      initial_scale=4,
+      dynamic_growth_steps=3,
+    ),
+  ):
+    with strategy.scope():
+      var = tf.Variable([0.5, -1.5, 2.0])
+      opt = make()
+
+    def replica_fn(x, bad, opt=opt, var=var):
+      with tf.GradientTape() as tape:
+        loss = opt.get_scaled_loss(tf.reduce_sum((var * x) ** 2))
+      (grad,) = opt.get_unscaled_gradients(tape.gradient(loss, [var]))
+      grad = tf.cond(bad, lambda: helpers.replica_nan(grad, 0), lambda: grad)
+      opt.apply_gradients([(grad, var)])
+
+    step = wrap(lambda x, bad, replica_fn=replica_fn: strategy.run(replica_fn, args=(x, bad)))
+    history = []
+    for i, bad in enumerate([False, True, False, False, False, True, False]):
+      step(tf.constant([1.0, 0.5, 0.25]) * (i + 1), tf.constant(bad))
+      history.append((var.numpy().copy(), float(opt.loss_scale), count(opt.iterations)))
+    runs.append(history)
+  for ours, theirs in zip(*runs, strict=True):
+    np.testing.assert_array_equal(ours[0], theirs[0])
+    assert ours[1:] == theirs[1:]
+
+
+def test_tf_keras_graph_mode_minimize_and_get_gradients():
+  """OptimizerV2 in a TF1 graph under a Session: skip, halve, grow, as eagerly."""
+  with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+    var = tf.compat.v1.Variable([1.0, 2.0], use_resource=True)
+    opt = mixed_precision.LossScaleOptimizer(
+      make_inner("tf_keras", learning_rate=1.0, momentum=0.5),
+      initial_scale=8,
+      dynamic_growth_steps=2,
+    )
+    bad = tf.compat.v1.placeholder(tf.bool, [])
+    train = opt.minimize(
+      lambda: tf.reduce_sum(var * tf.where(bad, float("nan"), 3.0)), var_list=[var]
+    )
+    grads = opt.get_gradients(tf.reduce_sum(var * 2.0), [var])
+    sess.run(tf.compat.v1.global_variables_initializer())
+    results = []
+    for is_bad in [False, True, False, False]:
+      sess.run(train, {bad: is_bad})
+      results.append(sess.run([var, opt.loss_scale, opt.iterations, opt.dynamic_counter]))
+    np.testing.assert_array_equal(results[1][0], [-2.0, -1.0])
+    assert [r[1:] for r in results] == [[8.0, 1, 1], [4.0, 2, 0], [4.0, 3, 1], [8.0, 4, 0]]
+    np.testing.assert_array_equal(results[3][0], [-11.75, -10.75])
+    np.testing.assert_array_equal(sess.run(grads)[0], [2.0, 2.0])
+
+
+def test_without_aggregation_applied_once_and_any_replica_nan_skips(family):
+  strategy = shared_strategy("mirrored")
+  with strategy.scope():
+    var = tf.Variable([0.0, 0.0])
+    opt = mixed_precision.LossScaleOptimizer(make_inner(family, learning_rate=0.5), initial_scale=8)
+
+  @tf.function
+  def step(bad, reduce_first):
+    def replica_fn():
+      ctx = tf.distribute.get_replica_context()
+      grad = tf.cast(ctx.replica_id_in_sync_group, tf.float32) * 2.0 + tf.constant([1.0, 1.0])
+      grad = tf.cond(bad, lambda: helpers.replica_nan(grad, 1), lambda: grad)
+      if reduce_first:
+        grad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grad)
+      opt.apply_gradients([(grad, var)], experimental_aggregate_gradients=False)
+
+    strategy.run(replica_fn)
+
+  step(tf.constant(False), True)  # 1 + 3 reduced by the caller: applied once.
+  for value in locals_of(strategy, var):
+    np.testing.assert_allclose(value, [-2.0, -2.0])
+  step(tf.constant(True), False)  # not aggregated, NaN on replica 1 only: all skip.
+  for value in locals_of(strategy, var):
+    np.testing.assert_allclose(value, [-2.0, -2.0])
+  assert float(opt.loss_scale) == 4.0 and count(opt.iterations) == 2

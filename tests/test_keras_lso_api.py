@@ -1,0 +1,369 @@
+"""Keras LossScaleOptimizer: constructor, attributes, delegation, config, experimental, checkpoints."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+from test_keras_lso import FAMILIES, count, make_inner, momentum_slot
+
+from tf_lossscale import loss_scale
+from tf_lossscale.keras import mixed_precision
+
+LSO = mixed_precision.LossScaleOptimizer
+ExperimentalLSO = mixed_precision.experimental.LossScaleOptimizer
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request):
+  return request.param
+
+
+def test_one_public_class_per_family(family):
+  opt = LSO(make_inner(family))
+  assert isinstance(opt, LSO) and type(opt).__name__ == "LossScaleOptimizer"
+  framework_optimizer = {
+    "keras3": keras.optimizers.Optimizer,
+    "tf_keras": tf_keras.optimizers.legacy.Optimizer,
+    "tf_keras_new": tf_keras.optimizers.Optimizer,
+  }[family]
+  assert isinstance(opt, framework_optimizer)
+  assert type(LSO(make_inner(family))) is type(opt)  # the concrete class is cached
+
+
+def test_defaults_and_attributes(family):
+  inner = make_inner(family)
+  opt = LSO(inner)
+  assert opt.inner_optimizer is inner and opt.dynamic is True
+  assert opt.initial_scale == 32768.0 and opt.dynamic_growth_steps == 2000
+  assert opt.loss_scale.dtype == tf.float32 and float(opt.loss_scale) == 32768.0
+  assert count(opt.dynamic_counter) == 0
+  fixed = LSO(make_inner(family), dynamic=False, initial_scale=3)
+  assert fixed.initial_scale == 3.0 and fixed.dynamic_growth_steps is None
+  assert fixed.dynamic_counter is None and float(fixed.loss_scale) == 3.0
+
+
+def test_constructor_errors(family):
+  with pytest.raises(
+    TypeError,
+    match=r'^"inner_optimizer" must be an instance of `tf.keras.optimizers.Optimizer`, but got: 1\.$',
+  ):
+    LSO(1)
+  with pytest.raises(
+    TypeError,
+    match=r"^\"dynamic\" argument to LossScaleOptimizer.__init__ must be a bool, but got: 'dynamic'$",
+  ):
+    LSO(make_inner(family), "dynamic")
+  inner = make_inner(family)
+  LSO(inner)
+  with pytest.raises(ValueError, match=r"already wrapped by a LossScaleOptimizer"):
+    LSO(inner)
+  with pytest.raises(
+    ValueError, match=r'^"initial_scale" must be specified if "dynamic" is False$'
+  ):
+    LSO(make_inner(family), dynamic=False)
+  with pytest.raises(
+    ValueError, match=r'^"dynamic_growth_steps" must be None if "dynamic" is False, but got: 2$'
+  ):
+    LSO(make_inner(family), dynamic=False, initial_scale=2, dynamic_growth_steps=2)
+
+
+@pytest.mark.parametrize(
+  "make_lso",
+  [
+    lambda: LSO(keras.optimizers.SGD()),
+    lambda: LSO(tf_keras.optimizers.legacy.SGD()),
+    lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()),
+    lambda: tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.legacy.SGD()),
+  ],
+)
+def test_cannot_wrap_a_loss_scale_optimizer(make_lso):
+  with pytest.raises(TypeError, match="^LossScaleOptimizer cannot wrap another LossScaleOptimizer"):
+    LSO(make_lso())
+
+
+@pytest.mark.parametrize(
+  "kind, kwargs, delegated",
+  [
+    ("SGD", {"momentum": 0.5}, {"momentum": 0.5}),
+    ("Adam", {"beta_1": 0.8, "beta_2": 0.9}, {"beta_1": 0.8, "beta_2": 0.9}),
+    ("RMSprop", {"rho": 0.8, "momentum": 0.1}, {"rho": 0.8, "momentum": 0.1}),
+    ("Adadelta", {"rho": 0.8}, {"rho": 0.8}),
+    ("Ftrl", {"l1_regularization_strength": 0.25}, {"l1_regularization_strength": 0.25}),
+  ],
+)
+def test_hyperparameter_delegation(family, kind, kwargs, delegated):
+  opt = LSO(make_inner(family, kind, learning_rate=0.5, **kwargs))
+  for name, value in delegated.items():
+    assert float(getattr(opt, name)) == pytest.approx(value)
+    assert name in dir(opt)
+    setattr(opt, name, 0.125)
+    assert float(getattr(opt.inner_optimizer, name)) == 0.125
+  assert float(opt.lr) == 0.5 and float(opt.learning_rate) == 0.5
+  opt.lr = 0.25
+  assert float(opt.inner_optimizer.learning_rate) == 0.25
+  assert {"lr", "learning_rate", "iterations", "clipnorm"} <= set(dir(opt))
+
+
+def test_non_hyperparameters_are_not_delegated(family):
+  opt = LSO(make_inner(family, "Adam", beta_1=0.8, epsilon=1e-5))
+  assert float(opt.beta_1) == pytest.approx(0.8)
+  with pytest.raises(
+    AttributeError, match=r"^'LossScaleOptimizer' object has no attribute 'epsilon'$"
+  ):
+    opt.epsilon  # noqa: B018
+  assert "epsilon" not in dir(opt) and "beta_1" in dir(opt)
+  opt.epsilon = 1e-4
+  assert opt.epsilon == 1e-4 and opt.inner_optimizer.epsilon == 1e-5
+
+
+# --- Experimental class -----------------------------------------------------
+
+
+def test_experimental_isinstance_both_ways(family):
+  exp = ExperimentalLSO(make_inner(family), "dynamic")
+  assert isinstance(exp, LSO) and isinstance(exp, ExperimentalLSO)
+  assert not isinstance(LSO(make_inner(family)), ExperimentalLSO)
+  assert type(exp).__name__ == "LossScaleOptimizer"
+
+
+@pytest.mark.parametrize(
+  "loss_scale_arg, expected",
+  [
+    ("dynamic", (True, 32768.0, 2000)),
+    (123, (False, 123.0, None)),
+    (4.5, (False, 4.5, None)),
+    (loss_scale.FixedLossScale(7), (False, 7.0, None)),
+    (loss_scale.DynamicLossScale(2048, 500), (True, 2048.0, 500)),
+  ],
+)
+def test_experimental_conversions(family, loss_scale_arg, expected):
+  opt = ExperimentalLSO(make_inner(family), loss_scale_arg)
+  assert (opt.dynamic, opt.initial_scale, opt.dynamic_growth_steps) == expected
+
+
+def test_experimental_errors(family):
+  with pytest.raises(ValueError, match="DynamicLossScale.multiplier must be 2"):
+    ExperimentalLSO(make_inner(family), loss_scale.DynamicLossScale(multiplier=3.0))
+
+  class Custom(loss_scale.LossScale):
+    def __call__(self):
+      return tf.constant(1.0)
+
+    def update(self, grads):
+      return tf.no_op(), True
+
+    def get_config(self):
+      return {}
+
+  with pytest.raises(TypeError, match="not a FixedLossScale or a DynamicLossScale"):
+    ExperimentalLSO(make_inner(family), Custom())
+  with pytest.raises(ValueError, match="Invalid value passed to loss_scale"):
+    ExperimentalLSO(make_inner(family), "static")
+
+
+def test_experimental_logs_deprecation_warning(caplog):
+  with caplog.at_level("WARNING"):
+    ExperimentalLSO(keras.optimizers.SGD(), "dynamic")
+  assert "Please use tf_lossscale.keras.mixed_precision.LossScaleOptimizer instead" in caplog.text
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    ExperimentalLSO(keras.optimizers.SGD(), loss_scale.DynamicLossScale(64, 10))
+  assert "LossScaleOptimizer(opt, initial_scale=64.0, dynamic_growth_steps=10)" in caplog.text
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    ExperimentalLSO(keras.optimizers.SGD(), 12)
+  assert "LossScaleOptimizer(opt, dynamic=False, initial_scale=12)" in caplog.text
+
+
+def _seed_pairs(make):
+  """The three conversions of seed 000, with inner optimizers from `make()`."""
+  return [
+    (ExperimentalLSO(make(), loss_scale="dynamic"), LSO(make())),
+    (ExperimentalLSO(make(), loss_scale=123), LSO(make(), dynamic=False, initial_scale=123)),
+    (
+      ExperimentalLSO(make(), loss_scale=loss_scale.DynamicLossScale(2048, 500)),
+      LSO(make(), initial_scale=2048, dynamic_growth_steps=500),
+    ),
+  ]
+
+
+def test_seed_config_equality_tf_keras_legacy():
+  for opt1, opt2 in _seed_pairs(tf_keras.optimizers.legacy.SGD):
+    assert opt1.get_config() == opt2.get_config()
+
+
+def test_seed_config_equality_keras3_named():
+  for opt1, opt2 in _seed_pairs(lambda: keras.optimizers.SGD(name="sgd")):
+    assert opt1.get_config() == opt2.get_config()
+
+
+def test_seed_config_equality_keras3_comparable_config():
+  for opt1, opt2 in _seed_pairs(keras.optimizers.SGD):
+    assert opt1.get_config() != opt2.get_config()  # sgd_N vs sgd_M
+    assert opt1.comparable_config() == opt2.comparable_config()
+  named = LSO(keras.optimizers.SGD(name="mine")).comparable_config()
+  assert named["inner_optimizer"]["config"]["name"] == "mine"
+  assert (
+    LSO(keras.optimizers.SGD(momentum=0.5)).comparable_config()
+    != LSO(keras.optimizers.SGD()).comparable_config()
+  )
+
+
+# --- Config and serialization ------------------------------------------------
+
+
+def test_config_round_trip(family):
+  opt = LSO(make_inner(family, momentum=0.25), initial_scale=64, dynamic_growth_steps=7)
+  config = opt.get_config()
+  assert sorted(config) == ["dynamic", "dynamic_growth_steps", "initial_scale", "inner_optimizer"]
+  clone = LSO.from_config(config)
+  assert type(clone) is type(opt)
+  assert (clone.initial_scale, clone.dynamic_growth_steps) == (64.0, 7)
+  assert clone.inner_optimizer.get_config() == opt.inner_optimizer.get_config()
+  exp_clone = ExperimentalLSO.from_config(config)
+  assert isinstance(exp_clone, ExperimentalLSO) and exp_clone.dynamic_growth_steps == 7
+
+
+def test_from_config_accepts_old_experimental_config(family):
+  inner_config = LSO(make_inner(family)).get_config()["inner_optimizer"]
+  old = {
+    "optimizer": inner_config,
+    "loss_scale": loss_scale.serialize(loss_scale.DynamicLossScale(256, 10)),
+  }
+  opt = LSO.from_config(old)
+  assert (opt.dynamic, opt.initial_scale, opt.dynamic_growth_steps) == (True, 256.0, 10)
+  old["loss_scale"] = loss_scale.serialize(loss_scale.DynamicLossScale(256, 10, 4.0))
+  with pytest.raises(ValueError, match="multiplier is not 2"):
+    LSO.from_config(old)
+
+
+def test_keras_serialize_deserialize():
+  opt = LSO(keras.optimizers.Adam(0.5), dynamic=False, initial_scale=8)
+  config = tf.keras.optimizers.serialize(opt)
+  assert config["registered_name"] == "tf_lossscale>LossScaleOptimizer"
+  clone = tf.keras.optimizers.deserialize(config)
+  assert isinstance(clone, LSO) and clone.initial_scale == 8.0 and not clone.dynamic
+  assert float(clone.learning_rate) == 0.5
+  exp = ExperimentalLSO(keras.optimizers.SGD(), "dynamic")
+  assert isinstance(
+    tf.keras.optimizers.deserialize(tf.keras.optimizers.serialize(exp)), ExperimentalLSO
+  )
+
+
+def test_tf_keras_serialize_deserialize():
+  opt = LSO(tf_keras.optimizers.legacy.Adam(0.5), initial_scale=8)
+  clone = tf_keras.optimizers.deserialize(
+    tf_keras.optimizers.serialize(opt), use_legacy_optimizer=True
+  )
+  assert isinstance(clone, LSO) and clone.initial_scale == 8.0
+  assert float(clone.learning_rate) == 0.5
+
+
+# --- Checkpoints -------------------------------------------------------------
+
+
+def _train(opt, var, grads):
+  for grad in grads:
+    opt.apply_gradients([(tf.constant(grad), var)])
+
+
+def _checkpoint_keys(path):
+  return sorted(
+    name for name, _ in tf.train.list_variables(path) if name != "_CHECKPOINTABLE_OBJECT_GRAPH"
+  )
+
+
+def _state(opt, var):
+  return (
+    var.numpy().tolist(),
+    np.asarray(momentum_slot(opt, var)).tolist(),
+    count(opt.iterations),
+    float(opt.loss_scale),
+    count(opt.dynamic_counter),
+  )
+
+
+STEPS = [[1.0, 2.0], [float("nan"), 0.0], [0.5, 0.5]]
+
+
+@pytest.mark.parametrize("direction", ["theirs_to_ours", "ours_to_theirs"])
+def test_checkpoint_interop_with_tf_keras_lso(tmp_path, direction):
+  def ours():
+    return LSO(
+      tf_keras.optimizers.legacy.SGD(0.1, momentum=0.9), initial_scale=16, dynamic_growth_steps=5
+    )
+
+  def theirs():
+    return tf_keras.mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.legacy.SGD(0.1, momentum=0.9), initial_scale=16, dynamic_growth_steps=5
+    )
+
+  write, read = (theirs, ours) if direction == "theirs_to_ours" else (ours, theirs)
+  var = tf.Variable([1.0, 1.0])
+  opt = write()
+  _train(opt, var, STEPS)
+  expected = _state(opt, var)
+  path = tf.train.Checkpoint(optimizer=opt, var=var).save(str(tmp_path / "ckpt"))
+
+  reference = theirs()
+  reference_var = tf.Variable([1.0, 1.0])
+  _train(reference, reference_var, STEPS)
+  reference_path = tf.train.Checkpoint(optimizer=reference, var=reference_var).save(
+    str(tmp_path / "reference")
+  )
+  assert _checkpoint_keys(path) == _checkpoint_keys(reference_path)
+  assert "optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/VARIABLE_VALUE" in _checkpoint_keys(
+    path
+  )
+
+  new_var = tf.Variable([0.0, 0.0])
+  new_opt = read()
+  status = tf.train.Checkpoint(optimizer=new_opt, var=new_var).restore(path)
+  new_opt.apply_gradients([(tf.constant([0.0, 0.0]), new_var)])  # creates slots: deferred restore
+  status.assert_consumed()
+  restored = _state(new_opt, new_var)
+  assert restored[2] == expected[2] + 1 and restored[4] == expected[4] + 1
+  assert restored[3] == expected[3] == 8.0
+  np.testing.assert_allclose(restored[1], 0.9 * np.asarray(expected[1]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["keras3", "tf_keras_new"])
+def test_own_checkpoint_round_trip(tmp_path, family):
+  def make():
+    return LSO(
+      make_inner(family, learning_rate=0.1, momentum=0.9), initial_scale=16, dynamic_growth_steps=5
+    )
+
+  var = tf.Variable([1.0, 1.0])
+  opt = make()
+  _train(opt, var, STEPS)
+  expected = _state(opt, var)
+  path = tf.train.Checkpoint(optimizer=opt, var=var).save(str(tmp_path / "ckpt"))
+  keys = _checkpoint_keys(path)
+  assert "optimizer/loss_scale/good_steps/.ATTRIBUTES/VARIABLE_VALUE" in keys
+  assert any(key.startswith("optimizer/_iterations/") for key in keys)
+
+  new_var = tf.Variable([0.0, 0.0])
+  new_opt = make()
+  new_opt.build([new_var])
+  tf.train.Checkpoint(optimizer=new_opt, var=new_var).restore(path).assert_consumed()
+  assert _state(new_opt, new_var) == expected
+
+
+def test_tf22_checkpoint_with_base_optimizer_restores_slots(tmp_path):
+  """Up to TF 2.2 the inner optimizer sat under `base_optimizer`."""
+  var = tf.Variable([1.0, 1.0])
+  old_inner = tf_keras.optimizers.legacy.SGD(0.1, momentum=0.9)
+  old_inner.apply_gradients([(tf.constant([1.0, 2.0]), var)])
+  old_wrapper = tf.__internal__.tracking.AutoTrackable()
+  old_wrapper.base_optimizer = old_inner
+  old_wrapper.loss_scale = loss_scale.DynamicLossScale(64, 3)
+  path = tf.train.Checkpoint(optimizer=old_wrapper, var=var).save(str(tmp_path / "old"))
+
+  new_var = tf.Variable([0.0, 0.0])
+  opt = LSO(tf_keras.optimizers.legacy.SGD(0.1, momentum=0.9))
+  tf.train.Checkpoint(optimizer=opt, var=new_var).restore(path)
+  opt.apply_gradients([(tf.constant([0.0, 0.0]), new_var)])
+  np.testing.assert_allclose(opt.get_slot(new_var, "momentum").numpy(), [-0.09, -0.18], rtol=1e-5)
+  assert float(opt.loss_scale) == 64.0
