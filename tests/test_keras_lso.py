@@ -405,3 +405,32 @@ def test_without_aggregation_applied_once_and_any_replica_nan_skips(family):
   for value in locals_of(strategy, var):
     np.testing.assert_allclose(value, [-2.0, -2.0])
   assert float(opt.loss_scale) == 4.0 and count(opt.iterations) == 2
+
+
+def test_slots_restored_before_the_first_step_reach_every_replica(family, tmp_path):
+  # A checkpoint restored before the inner optimizer is built restores its
+  # slots when the first step builds it: on every replica, not only the first.
+  strategy = helpers.make_strategy("mirrored")
+
+  def build():
+    with strategy.scope():
+      var = keras.Variable([1.0, 2.0]) if family == "keras3" else tf.Variable([1.0, 2.0])
+      opt = mixed_precision.LossScaleOptimizer(make_inner(family, learning_rate=0.1, momentum=0.9))
+
+    @tf.function
+    def step():
+      strategy.run(lambda: opt.apply_gradients([(tf.constant([1.0, 1.0]), var)]))
+
+    return var, opt, step
+
+  var, opt, step = build()
+  step()
+  path = tf.train.Checkpoint(var=var, opt=opt).write(str(tmp_path / "ckpt"))
+  var, opt, step = build()
+  tf.train.Checkpoint(var=var, opt=opt).read(path)  # deferred until built
+  step()
+  assert count(opt.iterations) == 2
+  # Two replicas sum gradient 2: velocity -0.2, then 0.9 * -0.2 - 0.2 = -0.38
+  # (-0.2 again, without the restored slot): 1 - 0.2 - 0.38 = 0.42.
+  for replica_value in locals_of(strategy, var):
+    np.testing.assert_allclose(replica_value, [0.42, 1.42], rtol=1e-6)

@@ -70,9 +70,20 @@ class Keras3Family(keras.optimizers.LossScaleOptimizer):
   # --- Hooks used by LossScaleOptimizer -------------------------------------
 
   def _build_inner(self, var_list):
-    if not self._optimizer.built:
+    if self._optimizer.built:
+      return
+
+    def build(*_):
       with tf.init_scope():
         self._optimizer.build(var_list)
+
+    # Built from a replica, a slot restored from a checkpoint would get the
+    # checkpointed value on the first replica only: build in cross-replica
+    # context, where a mirrored variable is initialized on every device.
+    if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+      tf.distribute.get_replica_context().merge_call(build)
+    else:
+      build()
 
   def _reduce_gradients(self, grads_and_vars):
     if tf.distribute.get_replica_context() is None:
