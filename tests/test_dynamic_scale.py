@@ -329,3 +329,43 @@ def test_update_scale_variables_assigns_once_and_returns_decision(mode, grads_in
   assert (float(scale), int(counter)) == (16.0, 0)
   assert not bool(step(tf.constant(NAN)))
   assert (float(scale), int(counter)) == (8.0, 0)
+
+
+def _ops_added(build):
+  graph = tf.Graph()
+  with graph.as_default():
+    before = len(graph.get_operations())
+    build()
+    return [op.type for op in graph.get_operations()[before:]]
+
+
+@pytest.mark.parametrize("num_grads", [10, 100])
+def test_all_finite_reads_same_shaped_gradients_with_one_sum(num_grads):
+  def build():
+    grads = [tf.compat.v1.placeholder(tf.float32, [3, 4]) for _ in range(num_grads)]
+    dynamic_scale.all_finite(grads)
+
+  ops = [t for t in _ops_added(build) if t != "Placeholder"]
+  # Fast path: one AddN and one Sum for the group, one IsFinite on the total;
+  # the element-wise check lives in the If's untaken branch.
+  assert ops.count("Sum") == 1 and ops.count("AddN") == 1, ops
+  assert ops.count("IsFinite") == 1, ops
+  assert len(ops) <= 8, ops
+
+
+def test_all_finite_sums_each_large_gradient_once():
+  def build():
+    grads = [tf.compat.v1.placeholder(tf.float32, [512, 1024 + i]) for i in range(6)]
+    dynamic_scale.all_finite(grads)
+
+  ops = _ops_added(build)
+  assert ops.count("Sum") == 6 and ops.count("IsFinite") == 1, ops
+
+
+def test_all_finite_makes_no_full_size_temporary_on_finite_steps():
+  # Only gradients of at most 2**16 elements are added element-wise.
+  grads = [tf.ones([1 << 17])] * 3
+  concrete = tf.function(dynamic_scale.all_finite).get_concrete_function(grads)
+  assert "AddN" not in [
+    op.type for op in concrete.graph.get_operations() if op.outputs and op.outputs[0].shape.rank
+  ]

@@ -14,10 +14,72 @@ compat.v1 `MixedPrecisionLossScaleOptimizer` all update their scale through
 """
 
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util  # No public way to ask "am I in XLA?".
 
 
 def _values(grad):
   return grad.values if isinstance(grad, tf.IndexedSlices) else grad
+
+
+# Gradients this small are handled together with the others of their shape:
+# one op per group instead of one per gradient (eager and tf.function pay per
+# op), for a temporary of at most this many elements per group...
+_GROUPED_MAX_ELEMENTS = 1 << 16
+# ...and, in the exact check, of at most this many elements per stacked chunk.
+_STACKED_MAX_ELEMENTS = 1 << 20
+
+
+def _grouped(values, group):
+  """Splits `values` into lists of same-shaped small tensors and the others."""
+  groups, others = {}, []
+  for v in values:
+    if group and v.shape.is_fully_defined() and v.shape.num_elements() <= _GROUPED_MAX_ELEMENTS:
+      groups.setdefault(tuple(v.shape.as_list()), []).append(v)
+    else:
+      others.append(v)
+  return list(groups.values()), others
+
+
+def _all(flags):
+  return flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
+
+
+def _each_finite(values):
+  """TF 2.4's element-wise check, on stacked chunks of same-shaped gradients."""
+  groups, others = _grouped(values, group=True)
+  flags = [tf.reduce_all(tf.math.is_finite(v)) for v in others]
+  for same_shape in groups:
+    per_chunk = max(1, _STACKED_MAX_ELEMENTS // max(1, same_shape[0].shape.num_elements()))
+    for i in range(0, len(same_shape), per_chunk):
+      chunk = same_shape[i : i + per_chunk]
+      flags.append(
+        tf.reduce_all(tf.math.is_finite(chunk[0] if len(chunk) == 1 else tf.stack(chunk)))
+      )
+  return _all(flags)
+
+
+def _times_zero_finite(values):
+  """Exact as well: finite * 0 is 0, Inf * 0 and NaN * 0 are NaN, and a sum of
+  zeros cannot overflow. XLA fuses the multiply into the reduction."""
+  sums = [tf.cast(tf.reduce_sum(v * tf.zeros([], v.dtype)), tf.float32) for v in values]
+  return tf.math.is_finite(sums[0] if len(sums) == 1 else tf.add_n(sums))
+
+
+def _sum_finite(values):
+  """One read of every gradient (float32/float64 only).
+
+  A sum that includes an Inf or a NaN is never finite, so a finite total
+  proves every element finite. A non-finite total may also be an overflow of
+  finite values; an exact check decides then, so a finite step is never
+  skipped.
+  """
+  xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+  groups, others = _grouped(values, group=not xla)  # XLA compiles a wide add_n slowly.
+  sums = [tf.reduce_sum(v) for v in others]
+  sums += [tf.reduce_sum(g[0] if len(g) == 1 else tf.add_n(g)) for g in groups]
+  total = sums[0] if len(sums) == 1 else tf.add_n(sums)
+  exact = _times_zero_finite if xla else _each_finite
+  return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True), lambda: exact(values))
 
 
 def all_finite(grads):
@@ -34,13 +96,17 @@ def all_finite(grads):
   True
   >>> bool(all_finite([tf.constant([1., float("inf")])]))
   False
+  >>> bool(all_finite([tf.constant([3e38, 3e38])]))  # finite; only the sum overflows
+  True
   """
-  flags = [tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads if g is not None]
-  if not flags:
-    return tf.constant(True)
-  if len(flags) == 1:
-    return flags[0]
-  return tf.reduce_all(tf.stack(flags))
+  values = [_values(g) for g in grads if g is not None]
+  flags = []
+  for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
+    same_dtype = [v for v in values if v.dtype == dtype]
+    # float16 and bfloat16 sums overflow too often for the sum to pay off.
+    summable = dtype in (tf.float32, tf.float64)
+    flags.append(_sum_finite(same_dtype) if summable else _each_finite(same_dtype))
+  return _all(flags) if flags else tf.constant(True)
 
 
 def next_scale_and_counter(scale, counter, finite, growth_steps, multiplier):

@@ -1,0 +1,673 @@
+"""Times one training step with loss scaling: tf_lossscale against its peers.
+
+For every workload and execution mode, three optimizer families are timed in
+the same process, interleaved round by round:
+
+* keras3: `keras.optimizers.SGD` plain, wrapped in Keras 3's own
+  `keras.mixed_precision.LossScaleOptimizer` (peer) and in ours.
+* tf_keras: `tf_keras.optimizers.legacy.SGD` plain, wrapped in tf_keras's
+  `tf_keras.mixed_precision.LossScaleOptimizer` (peer) and in ours.
+* v1: `tf.compat.v1.train.GradientDescentOptimizer` plain, wrapped in TF's
+  `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer` (peer) and in
+  ours.
+
+A step is the whole training step: forward pass, loss, loss scaling,
+gradients, unscaling, finiteness check, scale update and apply. The overhead
+of loss scaling is a step's median time divided by the plain optimizer's.
+
+Prints markdown tables and, with `--json PATH`, writes every measurement.
+Configurations that fail (or are not implemented yet) are reported, not fatal.
+"""
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import sys
+import time
+import traceback
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+MODES = ("function", "eager", "xla", "graph")
+FAMILIES = ("keras3", "tf_keras", "v1")
+IMPLS = ("plain", "peer", "ours")
+PEER_NAMES = {
+  "keras3": "Keras 3 LSO",
+  "tf_keras": "tf_keras LSO",
+  "v1": "TF compat.v1 MPLSO",
+}
+QUICK = {
+  "workloads": "mlp1m,vars100",
+  "modes": "function,eager,xla,graph",
+  "skip": "vars100:eager,vars100:xla",
+  "rounds": 5,
+  "block_seconds": 0.05,
+}
+FULL = {
+  "workloads": "mlp1m,mlp16m,vars500,cnn",
+  "modes": ",".join(MODES),
+  "skip": "",
+  "rounds": 9,
+  "block_seconds": 0.25,
+}
+
+
+# Workloads: each builds its variables and loss in the current graph (or
+# eagerly) and returns them.
+
+
+def _mlp(sizes, batch):
+  def build():
+    rng = np.random.default_rng(0)
+    variables = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+      w = rng.normal(0.0, (2.0 / fan_in) ** 0.5, (fan_in, fan_out)).astype(np.float32)
+      variables += [tf.Variable(w), tf.Variable(np.zeros(fan_out, np.float32))]
+    x = tf.constant(rng.normal(size=(batch, sizes[0])).astype(np.float32))
+    y = tf.constant(rng.normal(size=(batch, sizes[-1])).astype(np.float32))
+
+    def loss_fn():
+      h = x
+      for i in range(0, len(variables), 2):
+        h = tf.matmul(h, variables[i]) + variables[i + 1]
+        if i + 2 < len(variables):
+          h = tf.nn.relu(h)
+      return tf.reduce_mean(tf.square(h - y))
+
+    return variables, loss_fn
+
+  return build
+
+
+def _many_vars(count, size):
+  def build():
+    rng = np.random.default_rng(0)
+    variables = [tf.Variable(rng.normal(0.0, 0.1, size).astype(np.float32)) for _ in range(count)]
+    target = tf.constant(rng.normal(size=count * size).astype(np.float32))
+
+    def loss_fn():
+      return 0.5 * tf.reduce_mean(tf.square(tf.concat(variables, 0) - target))
+
+    return variables, loss_fn
+
+  return build
+
+
+def _cnn(batch):
+  def build():
+    if not tf.executing_eagerly():
+      raise NotApplicable("Keras 3 models do not build in a TF1 graph")
+    model = tf.keras.applications.MobileNetV2(
+      input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10, classifier_activation=None
+    )
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(batch, 32, 32, 3)).astype(np.float32))
+    y = tf.constant(rng.integers(0, 10, batch))
+    # The tf.Variables behind the Keras variables: every family can update them.
+    variables = [v.value for v in model.trainable_variables]
+
+    def loss_fn():
+      logits = model(x, training=True)
+      return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+
+    return variables, loss_fn
+
+  return build
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  name: str
+  description: str
+  build: object
+
+
+WORKLOADS = {
+  w.name: w
+  for w in (
+    Workload(
+      "mlp1m",
+      "MLP 512-1024-512-16, 1.06M params in 6 vars, batch 64",
+      _mlp((512, 1024, 512, 16), 64),
+    ),
+    Workload("mlp16m", "MLP 2048x5, 16.8M params in 8 vars, batch 32", _mlp((2048,) * 5, 32)),
+    Workload("vars500", "500 vars x 1k floats, one concat + mean square", _many_vars(500, 1000)),
+    Workload("vars100", "100 vars x 1k floats, one concat + mean square", _many_vars(100, 1000)),
+    Workload("cnn", "Keras 3 MobileNetV2 alpha 0.35, 32x32x3, batch 16, weights=None", _cnn(16)),
+    Workload("tiny", "MLP 8-8-1, 4 vars, batch 4 (for smoke tests)", _mlp((8, 8, 1), 4)),
+  )
+}
+
+
+class NotApplicable(Exception):
+  """A configuration that this benchmark does not run, with the reason."""
+
+
+# Optimizers.
+
+
+def _inner(family, optimizer, lr):
+  import keras
+  import tf_keras
+
+  if family == "keras3":
+    return {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam}[optimizer](lr)
+  if family == "tf_keras":
+    legacy = tf_keras.optimizers.legacy
+    return {"sgd": legacy.SGD, "adam": legacy.Adam}[optimizer](lr)
+  v1 = tf.compat.v1.train
+  return {"sgd": v1.GradientDescentOptimizer, "adam": v1.AdamOptimizer}[optimizer](lr)
+
+
+def _make_optimizer(family, impl, optimizer, lr):
+  inner = _inner(family, optimizer, lr)
+  if impl == "plain":
+    return inner
+  if family == "v1":
+    if impl == "peer":
+      wrapper = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
+    else:
+      from tf_lossscale.compat.v1.mixed_precision import MixedPrecisionLossScaleOptimizer as wrapper
+    return wrapper(inner, "dynamic")
+  if impl == "peer":
+    if family == "keras3":
+      import keras
+
+      return keras.mixed_precision.LossScaleOptimizer(inner)
+    import tf_keras
+
+    return tf_keras.mixed_precision.LossScaleOptimizer(inner)
+  from tf_lossscale.keras.mixed_precision import LossScaleOptimizer
+
+  return LossScaleOptimizer(inner)
+
+
+def _make_step(family, impl, opt, variables, loss_fn):
+  """Returns a function running one training step, in the API `impl` uses."""
+  if family == "v1":
+
+    def step():
+      opt.minimize(loss_fn, var_list=variables)
+
+    return step
+
+  def step():
+    with tf.GradientTape() as tape:
+      loss = loss_fn()
+      if impl == "peer" and family == "keras3":
+        loss = opt.scale_loss(loss)  # Keras 3's LSO unscales inside apply.
+      elif impl != "plain":
+        loss = opt.get_scaled_loss(loss)
+    grads = tape.gradient(loss, variables)
+    if impl != "plain" and not (impl == "peer" and family == "keras3"):
+      grads = opt.get_unscaled_gradients(grads)
+    opt.apply_gradients(zip(grads, variables, strict=True))
+
+  return step
+
+
+# Measurement.
+
+
+def _rss_kb(field):
+  with open("/proc/self/status") as f:
+    return int(re.search(rf"{field}:\s+(\d+)", f.read()).group(1))
+
+
+class PeakMemory:
+  """Peak memory of a block of steps, above what was in use before it.
+
+  On a GPU: TensorFlow's allocator statistics. On a CPU (no allocator
+  statistics there): the process's resident-set high-water mark, reset
+  before the block (Linux `clear_refs`), minus the resident set before it.
+  """
+
+  def __init__(self):
+    gpus = tf.config.list_logical_devices("GPU")
+    self.device = gpus[0].name if gpus else None
+    self.kind = "GPU allocator peak" if self.device else "RSS high-water"
+    self.available = bool(self.device) or os.path.exists("/proc/self/clear_refs")
+
+  def start(self):
+    if not self.available:
+      return
+    if self.device:
+      tf.config.experimental.reset_memory_stats(self.device)
+      self._base = tf.config.experimental.get_memory_info(self.device)["current"]
+    else:
+      try:
+        with open("/proc/self/clear_refs", "w") as f:
+          f.write("5")
+      except OSError:
+        self.available = False
+        return
+      self._base = _rss_kb("VmRSS") * 1024
+
+  def stop(self):
+    """Returns the peak in MiB, or None where it cannot be measured."""
+    if not self.available:
+      return None
+    if self.device:
+      peak = tf.config.experimental.get_memory_info(self.device)["peak"]
+    else:
+      peak = _rss_kb("VmHWM") * 1024
+    return max(0, peak - self._base) / 2**20
+
+
+@dataclasses.dataclass
+class Config:
+  workload: str
+  mode: str
+  family: str
+  impl: str
+  status: str = "ok"  # ok, n/a, fail
+  reason: str = ""
+  clock: str = "wall"
+  first_call_s: float | None = None
+  wall_ms: list = dataclasses.field(default_factory=list)
+  cpu_ms: list = dataclasses.field(default_factory=list)
+  peak_mib: float | None = None
+  steps_per_block: int = 0
+  run: object = dataclasses.field(default=None, repr=False)
+
+  @property
+  def median_ms(self):
+    """Median over rounds of the mean step time, in the chosen clock."""
+    times = self.wall_ms if self.clock == "wall" else self.cpu_ms
+    return statistics.median(times) if times else None
+
+  def fail(self, exc):
+    if isinstance(exc, NotApplicable):
+      self.status, self.reason = "n/a", str(exc)
+    elif isinstance(exc, NotImplementedError):
+      self.status, self.reason = "n/a", "not implemented yet"
+    else:
+      self.status = "fail"
+      first_line = (str(exc).strip().splitlines() or [""])[0]
+      self.reason = f"{type(exc).__name__}: {first_line[:120]}"
+    self.run = None
+
+  def to_json(self):
+    out = dataclasses.asdict(self)
+    del out["run"]
+    out["median_ms"] = self.median_ms
+    return out
+
+
+def _prepare(cfg, args, variables, loss_fn):
+  """Builds cfg.run for tf.function, eager and XLA modes."""
+  opt = _make_optimizer(cfg.family, cfg.impl, args.optimizer, args.lr)
+  if cfg.family == "keras3" and hasattr(opt, "build"):
+    opt.build(variables)  # Keras 3 creates its variables up front.
+  step = _make_step(cfg.family, cfg.impl, opt, variables, loss_fn)
+  if cfg.mode == "function":
+    step = tf.function(step)
+  elif cfg.mode == "xla":
+    step = tf.function(step, jit_compile=True)
+  cfg.run = step
+
+
+def _prepare_graph(cfg, args, workload):
+  """Builds cfg.run as a TF1 Session running the compat.v1 train op."""
+  graph = tf.Graph()
+  with graph.as_default():
+    variables, loss_fn = workload.build()
+    opt = _make_optimizer(cfg.family, cfg.impl, args.optimizer, args.lr)
+    train_op = opt.minimize(loss_fn(), var_list=variables)
+    init = tf.compat.v1.global_variables_initializer()
+  session = tf.compat.v1.Session(graph=graph)
+  session.run(init)
+  cfg.run = lambda: session.run(train_op)
+
+
+def _timed(fn):
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
+
+
+def run_workload_mode(workload, mode, args, log):
+  """Measures every family x impl of one workload in one mode, interleaved."""
+  families = [f for f in args.families if mode != "graph" or f == "v1"]
+  configs = [Config(workload.name, mode, f, i, clock=args.clock) for f in families for i in IMPLS]
+  if mode != "graph":
+    try:
+      variables, loss_fn = workload.build()
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+      for cfg in configs:
+        cfg.fail(exc)
+      return configs
+  for cfg in configs:
+    try:
+      if mode == "graph":
+        _prepare_graph(cfg, args, workload)
+      else:
+        _prepare(cfg, args, variables, loss_fn)
+      cfg.first_call_s = _timed(cfg.run)
+      second = _timed(cfg.run)
+      cfg.steps_per_block = max(
+        1, min(args.max_steps, round(args.block_seconds / max(second, 1e-6)))
+      )
+      log(
+        f"  {cfg.family:8s} {cfg.impl:5s} first call {cfg.first_call_s:7.2f}s, step {second * 1e3:8.2f} ms"
+      )
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+      cfg.fail(exc)
+      log(f"  {cfg.family:8s} {cfg.impl:5s} {cfg.status}: {cfg.reason}")
+      if args.verbose and cfg.status == "fail":
+        traceback.print_exc()
+  live = [c for c in configs if c.run is not None]
+  memory = PeakMemory()
+  order = random.Random(0)
+  for _ in range(args.rounds):
+    order.shuffle(live)
+    for cfg in live:
+      memory.start()
+      cpu_start = time.process_time()
+      try:
+        elapsed = _timed(lambda cfg=cfg: [cfg.run() for _ in range(cfg.steps_per_block)])
+      except Exception as exc:  # noqa: BLE001 - reported in the table
+        cfg.fail(exc)
+        continue
+      cpu = time.process_time() - cpu_start
+      peak = memory.stop()
+      if peak is not None:
+        cfg.peak_mib = max(cfg.peak_mib or 0.0, peak)
+      cfg.wall_ms.append(elapsed / cfg.steps_per_block * 1e3)
+      cfg.cpu_ms.append(cpu / cfg.steps_per_block * 1e3)
+    live = [c for c in live if c.run is not None]
+  for cfg in configs:
+    cfg.run = None
+  return configs
+
+
+# Report.
+
+
+def _find(configs, workload, mode, family, impl):
+  for c in configs:
+    if (c.workload, c.mode, c.family, c.impl) == (workload, mode, family, impl):
+      return c
+  return None
+
+
+class Notes:
+  """Numbered footnotes for the reasons of failed and skipped configurations."""
+
+  def __init__(self):
+    self.reasons = {}
+
+  def cell(self, cfg):
+    key = f"{cfg.status}: {cfg.reason}"
+    number = self.reasons.setdefault(key, len(self.reasons) + 1)
+    return f"{cfg.status} [{number}]"
+
+  def text(self):
+    return "\n".join(f"[{n}] {reason}" for reason, n in self.reasons.items())
+
+
+def _ms(cfg, notes):
+  if cfg is None:
+    return "-"
+  if cfg.status != "ok":
+    return notes.cell(cfg)
+  return f"{cfg.median_ms:.3g}"
+
+
+def _ratio(a, b, notes):
+  if a is None or b is None:
+    return "-"
+  for cfg in (a, b):
+    if cfg.status != "ok":
+      return notes.cell(cfg)
+  return f"{a.median_ms / b.median_ms:.2f}x"
+
+
+def _overhead(cfg, plain):
+  if cfg is None or plain is None or cfg.status != "ok" or plain.status != "ok":
+    return None
+  return cfg.median_ms / plain.median_ms - 1
+
+
+def _pairs(configs):
+  seen = []
+  for c in configs:
+    if (c.workload, c.mode) not in seen:
+      seen.append((c.workload, c.mode))
+  return seen
+
+
+def summary_table(configs, families, notes):
+  """Overhead (LSO step / plain step) per workload x mode, peers and ours.
+
+  The last column checks issue 6's goal: our worst overhead at most half the
+  best peer's.
+  """
+  head = ["workload · mode"]
+  for f in families:
+    head += [f"{PEER_NAMES[f]}", f"ours ({f})"]
+  head.append("ours ≤ ½ best peer")
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for workload, mode in _pairs(configs):
+    row = [f"{workload} · {mode}"]
+    peers, ours = [], []
+    for f in families:
+      plain, peer, mine = (_find(configs, workload, mode, f, i) for i in IMPLS)
+      row += [_ratio(peer, plain, notes), _ratio(mine, plain, notes)]
+      peers.append(_overhead(peer, plain))
+      ours.append(_overhead(mine, plain))
+    peers = [p for p in peers if p is not None]
+    if peers and ours and None not in ours:
+      row.append("yes" if max(ours) <= max(min(peers), 0) / 2 else "no")
+    else:
+      row.append("-")
+    lines.append("| " + " | ".join(row) + " |")
+  return "\n".join(lines)
+
+
+def detail_table(configs, families, memory_kind, notes):
+  head = [
+    "workload · mode · family",
+    "plain ms",
+    "peer ms",
+    "ours ms",
+    "ours/plain",
+    "ours/peer",
+    "first call s (plain/peer/ours)",
+    f"peak MiB, {memory_kind} (plain/peer/ours)",
+  ]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+  def num(cfgs, attr, fmt):
+    out = []
+    for c in cfgs:
+      value = getattr(c, attr) if c is not None and c.status == "ok" else None
+      out.append("-" if value is None else format(value, fmt))
+    return "/".join(out)
+
+  for workload, mode in _pairs(configs):
+    for f in families:
+      plain, peer, ours = (_find(configs, workload, mode, f, i) for i in IMPLS)
+      if plain is None:
+        continue
+      cells = [f"{workload} · {mode} · {f}", _ms(plain, notes), _ms(peer, notes), _ms(ours, notes)]
+      cells += [_ratio(ours, plain, notes), _ratio(ours, peer, notes)]
+      cells += [
+        num((plain, peer, ours), "first_call_s", ".2f"),
+        num((plain, peer, ours), "peak_mib", ".0f"),
+      ]
+      lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def _versions():
+  import keras
+
+  out = {
+    "python": platform.python_version(),
+    "tensorflow": tf.__version__,
+    "keras": keras.__version__,
+  }
+  try:
+    import tf_keras
+
+    out["tf_keras"] = tf_keras.__version__
+  except ImportError:
+    out["tf_keras"] = None
+  return out
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  parser.add_argument("--quick", action="store_true", help=f"a run of about a minute: {QUICK}")
+  parser.add_argument(
+    "--workloads", help=f"comma-separated, from {','.join(WORKLOADS)}; default {FULL['workloads']}"
+  )
+  parser.add_argument("--modes", help=f"comma-separated, from {','.join(MODES)}; default all")
+  parser.add_argument(
+    "--families", default=",".join(FAMILIES), help="comma-separated, from %(default)s"
+  )
+  parser.add_argument(
+    "--skip", help="comma-separated workload:mode pairs not to run (e.g. vars500:xla)"
+  )
+  parser.add_argument("--rounds", type=int, help="interleaved rounds; medians are over rounds")
+  parser.add_argument(
+    "--block-seconds", type=float, help="target time of one config's block of steps per round"
+  )
+  parser.add_argument("--max-steps", type=int, default=1000, help="most steps in one block")
+  parser.add_argument(
+    "--clock",
+    choices=("wall", "cpu"),
+    default="wall",
+    help="what the tables compare: wall time, or the process's CPU time (all threads), "
+    "steadier on a machine shared with other work; the JSON holds both",
+  )
+  parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+  parser.add_argument("--lr", type=float, default=1e-4)
+  parser.add_argument(
+    "--json", help="write all measurements to this file (rewritten as each workload x mode ends)"
+  )
+  parser.add_argument(
+    "--from-json",
+    help="print the tables of an earlier (possibly incomplete) --json run; runs nothing",
+  )
+  parser.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
+  args = parser.parse_args(argv)
+  defaults = QUICK if args.quick else FULL
+  for key, value in defaults.items():
+    if getattr(args, key) is None:
+      setattr(args, key, value)
+  args.workloads = [w for w in args.workloads.split(",") if w]
+  args.modes = [m for m in args.modes.split(",") if m]
+  args.families = [f for f in args.families.split(",") if f]
+  args.skip = {tuple(s.split(":")) for s in args.skip.split(",") if s}
+  for name, allowed in (("workloads", WORKLOADS), ("modes", MODES), ("families", FAMILIES)):
+    unknown = set(getattr(args, name)) - set(allowed)
+    if unknown:
+      parser.error(f"unknown {name}: {sorted(unknown)}; allowed: {list(allowed)}")
+  return args
+
+
+def _results(args, configs, seconds, complete):
+  return {
+    "meta": {
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "complete": complete,
+      "versions": _versions(),
+      "cpus": os.cpu_count(),
+      "devices": [d.name for d in tf.config.list_logical_devices()],
+      "loadavg": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+      "memory": PeakMemory().kind,
+      "seconds": round(seconds, 1),
+      "args": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()},
+      "workloads": {n: WORKLOADS[n].description for n in args.workloads},
+    },
+    "results": [c.to_json() for c in configs],
+  }
+
+
+def print_tables(results, out):
+  """Prints the markdown tables of a run's results (as `main` returns them)."""
+  meta = results["meta"]
+  args = meta["args"]
+  configs = []
+  for row in results["results"]:
+    row = {k: v for k, v in row.items() if k != "median_ms"}
+    configs.append(Config(**{**row, "clock": args["clock"]}))
+  families = [f for f in FAMILIES if any(c.family == f for c in configs)]
+  print(
+    f"\nStep time of each LSO / the same optimizer's plain step (median of {args['rounds']} "
+    f"interleaved rounds, {args['optimizer']}, {args['clock']} clock):\n",
+    file=out,
+  )
+  notes = Notes()
+  print(summary_table(configs, families, notes), file=out)
+  other = "cpu" if args["clock"] == "wall" else "wall"
+  for cfg in configs:
+    cfg.clock = other
+  print(f"\nThe same in {other} time:\n", file=out)
+  print(summary_table(configs, families, notes), file=out)
+  for cfg in configs:
+    cfg.clock = args["clock"]
+  print(
+    "\nMedian step times, ratios, first call (trace + XLA compile + one step) and peak memory:\n",
+    file=out,
+  )
+  print(detail_table(configs, families, meta["memory"], notes), file=out)
+  if notes.reasons:
+    print("\n" + notes.text(), file=out)
+  versions = meta["versions"]
+  print(
+    f"\nTF {versions['tensorflow']}, Keras {versions['keras']}, tf_keras {versions['tf_keras']}, "
+    f"{meta['cpus']} CPUs, load average (1/5/15 min) {meta['loadavg']}, {meta['seconds']} s"
+    + ("" if meta["complete"] else " (incomplete run)")
+    + ".",
+    file=out,
+  )
+
+
+def main(argv=None, out=sys.stdout):
+  """Runs the benchmark, prints its tables; returns the JSON-able results."""
+  args = parse_args(argv)
+  if args.from_json:
+    with open(args.from_json) as f:
+      results = json.load(f)
+    print_tables(results, out)
+    return results
+
+  def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+  def save(results):
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(results, f, indent=1, default=list)
+
+  start = time.perf_counter()
+  configs = []
+  for name in args.workloads:
+    for mode in args.modes:
+      if (name, mode) in args.skip:
+        continue
+      log(f"{name} · {mode}")
+      configs += run_workload_mode(WORKLOADS[name], mode, args, log)
+      save(_results(args, configs, time.perf_counter() - start, complete=False))
+  results = _results(args, configs, time.perf_counter() - start, complete=True)
+  save(results)
+  print_tables(results, out)
+  return results
+
+
+if __name__ == "__main__":
+  main()
