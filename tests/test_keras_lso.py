@@ -299,6 +299,16 @@ def test_iterations_setter_and_skipped_steps_tf_keras():
   assert count(opt.iterations) == 8 and float(var.numpy()) == 1.0
 
 
+def test_iterations_of_a_keras3_inner_are_assigned_not_replaced():
+  opt = mixed_precision.LossScaleOptimizer(make_inner("keras3"), initial_scale=2)
+  with pytest.raises(AttributeError, match=r"SGD \(a Keras 3 optimizer\).*iterations.assign"):
+    opt.iterations = tf.Variable(7, dtype=tf.int64)
+  opt.iterations.assign(7)
+  var = keras.Variable(1.0)
+  opt.apply_gradients([(tf.constant(float("nan")), var)])
+  assert count(opt.iterations) == 8 and float(var.numpy()) == 1.0
+
+
 def test_weights_methods(family):
   var = tf.Variable([1.0, 2.0])
   opt = mixed_precision.LossScaleOptimizer(make_inner(family, momentum=0.9))

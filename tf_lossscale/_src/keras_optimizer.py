@@ -683,7 +683,14 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
 
   @iterations.setter
   def iterations(self, variable):
-    self._optimizer.iterations = variable
+    try:
+      self._optimizer.iterations = variable
+    except AttributeError as e:
+      raise AttributeError(
+        f"The inner {type(self._optimizer).__name__} (a Keras 3 optimizer) cannot be given a "
+        "new `iterations` variable; assign a value instead: "
+        "`opt.iterations.assign(value)`."
+      ) from e
 
   @property
   def learning_rate(self):
