@@ -9,6 +9,7 @@ context) and lets the wrapped optimizer apply them only when `update` says so.
 import tensorflow as tf
 
 from tf_lossscale._src import loss_scale as loss_scale_module
+from tf_lossscale._src import scaling
 
 _V1Optimizer = tf.compat.v1.train.Optimizer
 
@@ -156,42 +157,15 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     4.0
     """
     grads_and_vars = self._optimizer.compute_gradients(
-      loss=self._scaled_loss(loss),
+      loss=scaling.scale_loss(loss, self._loss_scale()),
       var_list=var_list,
       gate_gradients=gate_gradients,
       aggregation_method=aggregation_method,
       colocate_gradients_with_ops=colocate_gradients_with_ops,
       grad_loss=grad_loss,
     )
-    grads = self._unscaled_grads([g for g, _ in grads_and_vars])
+    grads = scaling.unscale_gradients([g for g, _ in grads_and_vars], self._loss_scale())
     return list(zip(grads, [v for _, v in grads_and_vars], strict=True))
-
-  def _scaled_loss(self, loss):
-    scale = self._loss_scale()
-    if callable(loss):
-
-      def scaled_loss():
-        value = loss()
-        return value * tf.cast(scale, value.dtype)
-
-      return scaled_loss
-    return loss * tf.cast(scale, loss.dtype)
-
-  def _unscaled_grads(self, grads):
-    # Multiplying by the reciprocal, not dividing, keeps results bitwise equal
-    # to TF's own class for scales that are not powers of two.
-    reciprocal = 1.0 / self._loss_scale()
-
-    def unscale(grad):
-      if grad is None:
-        return None
-      if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(
-          grad.values * tf.cast(reciprocal, grad.dtype), grad.indices, grad.dense_shape
-        )
-      return grad * tf.cast(reciprocal, grad.dtype)
-
-    return [unscale(g) for g in grads]
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Applies the gradients if the loss scale says so, and updates the scale.

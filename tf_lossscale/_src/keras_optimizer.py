@@ -36,6 +36,7 @@ import keras
 import tensorflow as tf
 
 from tf_lossscale._src import loss_scale as loss_scale_module
+from tf_lossscale._src import scaling
 
 _DEFAULT_INITIAL_SCALE = 2.0**15
 _DEFAULT_GROWTH_STEPS = 2000
@@ -127,13 +128,6 @@ def _marks():
   if not hasattr(_SCALED_LOSS_MARKS, "value"):
     _SCALED_LOSS_MARKS.value = set()
   return _SCALED_LOSS_MARKS.value
-
-
-def _multiply(grad, factor):
-  factor = tf.cast(factor, grad.dtype)
-  if isinstance(grad, tf.IndexedSlices):
-    return tf.IndexedSlices(grad.values * factor, grad.indices, dense_shape=grad.dense_shape)
-  return grad * factor
 
 
 def _families():
@@ -494,14 +488,8 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
     <tf.Tensor: shape=(), dtype=float16, numpy=6.0>
     """
     if callable(loss):
-
-      def scaled_loss():
-        value = loss()
-        return value * tf.cast(self.loss_scale, value.dtype)
-
-      return scaled_loss
-    loss = tf.convert_to_tensor(loss)
-    return loss * tf.cast(self.loss_scale, loss.dtype)
+      return scaling.scale_loss(loss, lambda: self.loss_scale)
+    return scaling.scale_loss(loss, self.loss_scale)
 
   def get_unscaled_gradients(self, grads):
     """Divides every gradient by the loss scale.
@@ -520,8 +508,7 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
     ...  for g in opt.get_unscaled_gradients([tf.constant(2.), None])]
     [0.5, None]
     """
-    reciprocal = 1.0 / self.loss_scale
-    return [None if g is None else _multiply(g, reciprocal) for g in grads]
+    return scaling.unscale_gradients(grads, self.loss_scale)
 
   def scale_loss(self, loss):
     """Keras 3's training-loop hook: scales `loss`, expects scaled gradients.
