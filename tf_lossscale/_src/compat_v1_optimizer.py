@@ -167,6 +167,8 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     grads = scaling.unscale_gradients([g for g, _ in grads_and_vars], self._loss_scale())
     return list(zip(grads, [v for _, v in grads_and_vars], strict=True))
 
+  # No AutoGraph needed here (see the Keras LossScaleOptimizer.apply_gradients).
+  @tf.autograph.experimental.do_not_convert
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Applies the gradients if the loss scale says so, and updates the scale.
 
