@@ -199,6 +199,15 @@ def _raise_if_strategy_unsupported():
     )
 
 
+def _inner_property(name):
+  """A property that reads and sets the inner optimizer's attribute `name`."""
+  return property(
+    lambda self: getattr(self._optimizer, name),
+    lambda self, value: setattr(self._optimizer, name, value),
+    doc=f"The inner optimizer's `{name}`.",
+  )
+
+
 def _not_an_optimizer_error(inner_optimizer):
   return TypeError(
     '"inner_optimizer" must be an instance of `tf.keras.optimizers.Optimizer`, '
@@ -683,43 +692,11 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
         "`opt.iterations.assign(value)`."
       ) from e
 
-  @property
-  def learning_rate(self):
-    """The inner optimizer's learning rate."""
-    return self._optimizer.learning_rate
-
-  @learning_rate.setter
-  def learning_rate(self, value):
-    self._optimizer.learning_rate = value
-
+  learning_rate = _inner_property("learning_rate")
   lr = learning_rate
-
-  @property
-  def clipnorm(self):
-    """The inner optimizer's `clipnorm`."""
-    return self._optimizer.clipnorm
-
-  @clipnorm.setter
-  def clipnorm(self, value):
-    self._optimizer.clipnorm = value
-
-  @property
-  def clipvalue(self):
-    """The inner optimizer's `clipvalue`."""
-    return self._optimizer.clipvalue
-
-  @clipvalue.setter
-  def clipvalue(self, value):
-    self._optimizer.clipvalue = value
-
-  @property
-  def global_clipnorm(self):
-    """The inner optimizer's `global_clipnorm`."""
-    return self._optimizer.global_clipnorm
-
-  @global_clipnorm.setter
-  def global_clipnorm(self, value):
-    self._optimizer.global_clipnorm = value
+  clipnorm = _inner_property("clipnorm")
+  clipvalue = _inner_property("clipvalue")
+  global_clipnorm = _inner_property("global_clipnorm")
 
   def _delegated_hyperparameter(self, name):
     """`name` as the inner optimizer knows it if delegated, else None."""
