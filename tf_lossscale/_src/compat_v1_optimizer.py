@@ -8,8 +8,8 @@ context) and lets the wrapped optimizer apply them only when `update` says so.
 
 import tensorflow as tf
 
+from tf_lossscale._src import dynamic_scale, scaling
 from tf_lossscale._src import loss_scale as loss_scale_module
-from tf_lossscale._src import scaling
 
 _V1Optimizer = tf.compat.v1.train.Optimizer
 
@@ -45,14 +45,6 @@ def _raise_if_strategy_unsupported():
       f"Loss scaling is not supported with the tf.distribute.Strategy: {name}. "
       "Try using a different Strategy, e.g. a MirroredStrategy."
     )
-
-
-def _cond(pred, true_fn, false_fn):
-  """`tf.cond` that decides in Python when `pred` is known (eager, Python bool)."""
-  static_pred = tf.get_static_value(pred)
-  if static_pred is None:
-    return tf.cond(pred, true_fn, false_fn)
-  return true_fn() if static_pred else false_fn()
 
 
 class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
@@ -219,7 +211,7 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
   def _apply_if_scale_allows(self, strategy, grads_and_vars, global_step, name):
     """The cross-replica part of `apply_gradients`: one decision for all."""
     name = self.get_name() if name is None else name
-    update_scale, should_apply = self._loss_scale.update([g for g, _ in grads_and_vars])
+    grads = [g for g, _ in grads_and_vars]
 
     def apply():
       per_replica_ops = strategy.extended.call_for_each_replica(
@@ -228,7 +220,18 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
       )
       return strategy.group(per_replica_ops)
 
-    return tf.group(_cond(should_apply, apply, tf.no_op), update_scale, name=name)
+    loss_scale = self._loss_scale
+    update = getattr(loss_scale.update, "__func__", None)
+    if isinstance(loss_scale, loss_scale_module.DynamicLossScale) and (
+      update is loss_scale_module.DynamicLossScale.update
+    ):
+      # Our own update: the check and the conditional apply share one If op.
+      update_op, _ = loss_scale._update(  # pylint: disable=protected-access
+        grads, grads_in_sync=False, apply_fn=apply, skip_fn=tf.no_op
+      )
+      return tf.group(update_op, name=name)
+    update_scale, should_apply = loss_scale.update(grads)
+    return tf.group(dynamic_scale.cond(should_apply, apply, tf.no_op), update_scale, name=name)
 
   def minimize(
     self,

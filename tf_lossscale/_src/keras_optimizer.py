@@ -477,6 +477,7 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
 
   # --- Scaling ----------------------------------------------------------------
 
+  @tf.autograph.experimental.do_not_convert
   def get_scaled_loss(self, loss):
     """Multiplies the loss by the loss scale.
 
@@ -500,6 +501,7 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
       return scaling.scale_loss(loss, lambda: self.loss_scale)
     return scaling.scale_loss(loss, self.loss_scale)
 
+  @tf.autograph.experimental.do_not_convert
   def get_unscaled_gradients(self, grads):
     """Divides every gradient by the loss scale.
 
@@ -519,6 +521,7 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
     """
     return scaling.unscale_gradients(grads, self.loss_scale)
 
+  @tf.autograph.experimental.do_not_convert
   def scale_loss(self, loss):
     """Keras 3's training-loop hook: scales `loss`, expects scaled gradients.
 
@@ -656,23 +659,19 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
     )
 
   def _apply_cross_replica(self, strategy, grads, wrapped_vars, name, in_sync, inner_aggregates):
-    if self.dynamic:
-      update_op, should_apply = self._loss_scale._update(grads, grads_in_sync=in_sync)  # pylint: disable=protected-access
-    else:
-      update_op, should_apply = tf.no_op(), True
-
     def apply_fn():
       return strategy.extended.call_for_each_replica(
         self._apply_inner, args=(grads, wrapped_vars, name, inner_aggregates)
       )
 
-    def skip_fn():
-      return self._count_skipped_step()
-
+    if not self.dynamic:
+      return tf.group(*[op for op in tf.nest.flatten(apply_fn()) if op is not None])
     # The cond runs in cross-replica context: the inner optimizer's apply
     # calls merge_call, which a cond in replica context cannot contain.
-    maybe_apply = tf.__internal__.smart_cond.smart_cond(should_apply, apply_fn, skip_fn)
-    return tf.group(*[op for op in (maybe_apply, update_op) if op is not None])
+    update_op, _ = self._loss_scale._update(  # pylint: disable=protected-access
+      grads, grads_in_sync=in_sync, apply_fn=apply_fn, skip_fn=self._count_skipped_step
+    )
+    return update_op
 
   # --- Delegation to the inner optimizer -----------------------------------
 

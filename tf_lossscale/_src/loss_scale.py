@@ -234,7 +234,9 @@ class DynamicLossScale(LossScale):
     """
     return self._update(grads, grads_in_sync=False)
 
-  def _update(self, grads, grads_in_sync):
+  def _update(self, grads, grads_in_sync, apply_fn=None, skip_fn=None):
+    """`update`, and with `apply_fn`/`skip_fn` the conditional apply too (see
+    `dynamic_scale.update_scale_variables`)."""
     return dynamic_scale.update_scale_variables(
       self._current_loss_scale,
       self._num_good_steps,
@@ -242,6 +244,8 @@ class DynamicLossScale(LossScale):
       self._increment_period,
       self._multiplier,
       grads_in_sync=grads_in_sync,
+      apply_fn=apply_fn,
+      skip_fn=skip_fn,
     )
 
   def __repr__(self):

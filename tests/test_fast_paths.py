@@ -1,0 +1,197 @@
+"""The fast paths behind the hot loop, and where each must not be taken.
+
+* In a graph, the conditional apply's If op is kept as a call of its branch
+  functions instead of being lowered to a Switch per input (the If kernel runs
+  a branch on one device): only on a CPU-only machine, outside strategies,
+  when every resource it touches is on one device. Elsewhere it is lowered.
+* Eagerly, the unscale and the finiteness check each run as one call of a
+  graph function instead of op by op, with the same numbers.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import helpers
+from tf_lossscale._src import dynamic_scale, scaling
+from tf_lossscale.compat.v1.mixed_precision import MixedPrecisionLossScaleOptimizer
+from tf_lossscale.keras.mixed_precision import LossScaleOptimizer
+
+
+def _lowering_of_top_level_ifs(graph, with_resources=True):
+  """Whether each If of `graph` (with resource inputs: the apply) is lowered."""
+  return [
+    op.node_def.attr["_lower_using_switch_merge"].b
+    for op in graph.get_operations()
+    if op.type in ("If", "StatelessIf")
+    and with_resources == any(t.dtype == tf.resource for t in op.inputs)
+  ]
+
+
+def _keras_step(opt, variables):
+  def step(nan):
+    with tf.GradientTape() as tape:
+      loss = opt.get_scaled_loss(tf.add_n([tf.reduce_sum(v * v) for v in variables]) * nan)
+    grads = opt.get_unscaled_gradients(tape.gradient(loss, variables))
+    opt.apply_gradients(zip(grads, variables, strict=True))
+
+  return step
+
+
+def _v1_step(opt, variables):
+  def step(nan):
+    opt.minimize(
+      lambda: tf.add_n([tf.reduce_sum(v * v) for v in variables]) * nan, var_list=variables
+    )
+
+  return step
+
+
+_STEPS = {
+  "keras": (
+    lambda: LossScaleOptimizer(tf.keras.optimizers.SGD(0.25), initial_scale=8.0),
+    _keras_step,
+  ),
+  "v1": (
+    lambda: MixedPrecisionLossScaleOptimizer(
+      tf.compat.v1.train.GradientDescentOptimizer(0.25), "dynamic"
+    ),
+    _v1_step,
+  ),
+}
+
+
+def _run_and_check(step, variables, opt_scale):
+  """A finite step applies (v - 0.25 * 2v = v / 2), a NaN step skips and halves the scale."""
+  before = [v.numpy() for v in variables]
+  scale = float(opt_scale())
+  step(tf.constant(1.0))
+  for v, b in zip(variables, before, strict=True):
+    np.testing.assert_array_equal(v.numpy(), b / 2)
+  assert float(opt_scale()) == scale
+  step(tf.constant(float("nan")))
+  for v, b in zip(variables, before, strict=True):
+    np.testing.assert_array_equal(v.numpy(), b / 2)
+  assert float(opt_scale()) == scale / 2
+
+
+def _scale_of(api, opt):
+  if api == "keras":
+    return lambda: opt.loss_scale
+  return opt._loss_scale  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("api", sorted(_STEPS))
+def test_cond_is_a_call_of_its_branches_on_one_cpu(api):
+  make_opt, make_step = _STEPS[api]
+  opt = make_opt()
+  variables = [tf.Variable(np.full([3], 4.0, np.float32)) for _ in range(3)]
+  step = tf.function(make_step(opt, variables))
+  _run_and_check(step, variables, _scale_of(api, opt))
+  graph = step.get_concrete_function(tf.constant(1.0)).graph
+  # One If: the check's exact fallback is nested in its skip branch.
+  assert _lowering_of_top_level_ifs(graph) == [False]
+  assert _lowering_of_top_level_ifs(graph, with_resources=False) == []
+
+
+@pytest.mark.parametrize("api", sorted(_STEPS))
+def test_cond_is_lowered_when_resources_are_on_two_devices(api):
+  # The If kernel could not run a branch touching both: it must be lowered.
+  make_opt, make_step = _STEPS[api]
+  opt = make_opt()
+  variables = []
+  for device in ("/cpu:1", "/cpu:2"):
+    with tf.device(device):
+      variables.append(tf.Variable(np.full([3], 4.0, np.float32)))
+  step = tf.function(make_step(opt, variables))
+  _run_and_check(step, variables, _scale_of(api, opt))
+  graph = step.get_concrete_function(tf.constant(1.0)).graph
+  assert _lowering_of_top_level_ifs(graph) == [True]
+
+
+def test_devices_are_followed_through_nested_functions():
+  opt = LossScaleOptimizer(tf.keras.optimizers.SGD(0.25), initial_scale=8.0)
+  variables = []
+  for device in ("/cpu:1", "/cpu:2"):
+    with tf.device(device):
+      variables.append(tf.Variable(np.full([3], 4.0, np.float32)))
+  inner = tf.function(_keras_step(opt, variables))
+  outer = tf.function(lambda nan: inner(nan))
+  _run_and_check(outer, variables, lambda: opt.loss_scale)
+
+
+def test_cond_is_lowered_under_mirrored_strategy():
+  strategy = helpers.make_strategy("mirrored")
+  with strategy.scope():
+    opt = LossScaleOptimizer(tf.keras.optimizers.SGD(0.25), initial_scale=8.0)
+    variables = [tf.Variable(np.full([3], 4.0, np.float32))]
+  step = _keras_step(opt, variables)
+  run = tf.function(lambda nan: strategy.run(step, args=(nan,)))
+  graph = run.get_concrete_function(tf.constant(1.0)).graph
+  lowering = _lowering_of_top_level_ifs(graph)
+  assert lowering and all(lowering)
+
+
+def test_cond_is_not_touched_under_xla():
+  opt = LossScaleOptimizer(tf.keras.optimizers.SGD(0.25), initial_scale=8.0)
+  variables = [tf.Variable(np.full([3], 4.0, np.float32))]
+  step = tf.function(_keras_step(opt, variables), jit_compile=True)
+  _run_and_check(step, variables, lambda: opt.loss_scale)
+  graph = step.get_concrete_function(tf.constant(1.0)).graph
+  ifs = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+  assert ifs and all("_lower_using_switch_merge" not in op.node_def.attr for op in ifs)
+
+
+def _mixed_grads(rows):
+  rng = np.random.default_rng(0)
+  return [
+    tf.constant(rng.normal(size=[4, 3]), tf.float32),
+    None,
+    tf.constant(rng.normal(size=[5]), tf.float16),
+    tf.IndexedSlices(
+      tf.constant(rng.normal(size=[rows, 3]), tf.float64), tf.range(rows), tf.constant([9, 3])
+    ),
+    tf.constant(rng.normal(size=[]), tf.bfloat16),
+  ]
+
+
+def test_eager_unscale_is_one_call_with_the_numbers_of_op_by_op():
+  scale = tf.constant(3.0)  # A reciprocal that is not exact in binary.
+  calls = scaling._times_call  # pylint: disable=protected-access
+  for rows in (2, 5, 7):  # Sparse gradients change shape every step.
+    grads = _mixed_grads(rows)
+    unscaled = scaling.unscale_gradients(grads, scale)
+    assert unscaled[1] is None
+    assert isinstance(unscaled[3], tf.IndexedSlices)
+    np.testing.assert_array_equal(unscaled[3].indices, grads[3].indices)
+    for got, grad in zip(unscaled, grads, strict=True):
+      if grad is None:
+        continue
+      values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+      got = got.values if isinstance(got, tf.IndexedSlices) else got
+      expected = values * tf.cast(1.0 / scale, values.dtype)
+      assert got.dtype == values.dtype and got.shape == values.shape
+      np.testing.assert_array_equal(got.numpy(), expected.numpy())
+  # One signature (the dtypes) for all three steps: nothing is retraced.
+  signatures = [s for s in calls._concrete if len(s) == 5]  # pylint: disable=protected-access
+  assert len(signatures) == 1
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf")])
+def test_eager_check_with_sparse_gradients(bad):
+  grads = _mixed_grads(3)
+  if bad is not None:
+    values = grads[3].values.numpy()
+    values[1, 2] = bad
+    grads[3] = tf.IndexedSlices(tf.constant(values), grads[3].indices, grads[3].dense_shape)
+  assert bool(dynamic_scale.all_finite(grads)) == (bad is None)
+
+
+def test_eager_check_under_a_strategy_runs_op_by_op():
+  strategy = helpers.make_strategy("mirrored")
+  grads = [tf.constant([1.0, 2.0]), tf.constant([float("inf")])]
+  with strategy.scope():
+    assert not dynamic_scale.eager_outside_strategies()
+    assert not bool(dynamic_scale.all_finite(grads))
+    assert bool(dynamic_scale.all_finite(grads[:1]))
+  assert dynamic_scale.eager_outside_strategies()
