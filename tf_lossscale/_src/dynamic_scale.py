@@ -315,6 +315,9 @@ def next_scale_and_counter(scale, counter, finite, growth_steps, multiplier):
   return next_scale, next_counter
 
 
+_next_state_call = OneCall(lambda state: next_scale_and_counter(*state))
+
+
 @tf.autograph.experimental.do_not_convert
 def replicas_all_finite(grads, grads_in_sync):
   """One finiteness decision shared by every replica and worker.
@@ -388,9 +391,23 @@ def update_scale_variables(
     finite = replicas_all_finite(flat, grads_in_sync)
     if apply_fn is not None:
       maybe_apply = cond(finite, apply_fn, skip_fn)
-  next_scale, next_counter = next_scale_and_counter(
-    scale_var, counter_var, finite, growth_steps, multiplier
-  )
+  if eager_outside_strategies():
+    # One call instead of a dozen eager ops. The multiplier goes in as a
+    # tensor, as eagerly: a graph constant would let Grappler turn the
+    # division into a multiplication by its reciprocal (1 ulp apart).
+    next_scale, next_counter = _next_state_call(
+      [
+        tf.convert_to_tensor(scale_var),
+        tf.convert_to_tensor(counter_var),
+        finite,
+        tf.constant(growth_steps, tf.int64),
+        tf.constant(multiplier, tf.float32),
+      ]
+    )
+  else:
+    next_scale, next_counter = next_scale_and_counter(
+      scale_var, counter_var, finite, growth_steps, multiplier
+    )
   update_op = tf.group(
     *[op for op in tf.nest.flatten(maybe_apply) if op is not None],
     scale_var.assign(next_scale, read_value=False),

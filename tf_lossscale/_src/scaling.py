@@ -48,8 +48,10 @@ def _times(values, reciprocal):
   return [tf.raw_ops.Mul(x=v, y=factors[v.dtype]) for v in values]
 
 
-# 500 gradients: 26 ms -> 5 ms a step.
+# 500 gradients: 26 ms -> 5 ms a step. With a few gradients, op by op is
+# faster (6 gradients of 1M floats in all: 0.9 ms against 1.35 ms).
 _times_call = dynamic_scale.OneCall(_times)
+_ONE_CALL_FROM = 16
 
 
 @tf.autograph.experimental.do_not_convert
@@ -74,7 +76,7 @@ def unscale_gradients(grads, loss_scale):
   reciprocal = 1.0 / tf.convert_to_tensor(loss_scale, tf.float32)
   present = [i for i, g in enumerate(grads) if g is not None]
   values = [_values(grads[i]) for i in present]
-  if values and dynamic_scale.eager_outside_strategies():
+  if len(values) >= _ONE_CALL_FROM and dynamic_scale.eager_outside_strategies():
     values = _times_call(values, reciprocal)
   else:
     values = _times(values, reciprocal)
