@@ -504,6 +504,8 @@ def summary_table(configs, families, notes):
     for f in families:
       plain, floor, peer, mine = (_find(configs, workload, mode, f, i) for i in IMPLS)
       row += [_ratio(peer, plain, notes), _ratio(mine, plain, notes)]
+      if plain is None:
+        continue  # No such row for this family (graph mode is compat.v1 only).
       peers.append(_overhead(peer, plain))
       ours.append(_overhead(mine, plain))
       floors.append(_overhead(floor, plain))

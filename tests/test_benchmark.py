@@ -137,7 +137,7 @@ def test_all_finite_skips_exactly_on_nan_or_inf_never_on_overflow(grads, expecte
   assert bool(MODES[mode](lambda: dynamic_scale.all_finite(grads))()) is expected
 
 
-def _fused_step(grads, fuse_under_xla=False):
+def _fused_step(grads):
   """The scale update with the conditional apply, as the optimizers call it."""
   scale, counter = tf.Variable(8.0), tf.Variable(0, dtype=tf.int64)
   applied, skipped = tf.Variable(0), tf.Variable(0)
@@ -151,17 +151,16 @@ def _fused_step(grads, fuse_under_xla=False):
       2.0,
       apply_fn=lambda: applied.assign_add(1),
       skip_fn=lambda: skipped.assign_add(1),
-      fuse_under_xla=fuse_under_xla,
     )
     return update_op, finite
 
   return step, (scale, counter, applied, skipped)
 
 
-@pytest.mark.parametrize("mode", ["function", "xla", "xla_fused", "graph"])
+@pytest.mark.parametrize("mode", ["function", "xla", "graph"])
 @pytest.mark.parametrize("grads, expected", FAST_CHECK_TRAPS.values(), ids=FAST_CHECK_TRAPS)
 def test_check_fused_with_the_apply_decides_exactly_too(grads, expected, mode):
-  # In a graph the check and the conditional apply share one If op, with the
+  # In a graph (not XLA's) the check and the conditional apply share one If op, with the
   # exact check nested in its skip branch: the same traps must hold there.
   if mode == "graph":
     with tf.Graph().as_default():
@@ -172,8 +171,8 @@ def test_check_fused_with_the_apply_decides_exactly_too(grads, expected, mode):
         _, finite = sess.run([update_op, finite])
         state = sess.run(state)
   else:
-    step, state = _fused_step(grads, fuse_under_xla=mode == "xla_fused")
-    finite = tf.function(lambda: step()[1], jit_compile=mode != "function")()
+    step, state = _fused_step(grads)
+    finite = tf.function(lambda: step()[1], jit_compile=mode == "xla")()
     state = [v.numpy() for v in state]
   assert bool(finite) is expected
   assert list(state) == ([8.0, 1, 1, 0] if expected else [4.0, 0, 0, 1])

@@ -673,7 +673,6 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
       grads_in_sync=in_sync,
       apply_fn=apply_fn,
       skip_fn=self._count_skipped_step,
-      fuse_under_xla=True,  # Measured: see update_scale_variables.
     )
     return update_op
 

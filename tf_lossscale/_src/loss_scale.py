@@ -234,7 +234,7 @@ class DynamicLossScale(LossScale):
     """
     return self._update(grads, grads_in_sync=False)
 
-  def _update(self, grads, grads_in_sync, apply_fn=None, skip_fn=None, fuse_under_xla=False):
+  def _update(self, grads, grads_in_sync, apply_fn=None, skip_fn=None):
     """`update`, and with `apply_fn`/`skip_fn` the conditional apply too (see
     `dynamic_scale.update_scale_variables`)."""
     return dynamic_scale.update_scale_variables(
@@ -246,7 +246,6 @@ class DynamicLossScale(LossScale):
       grads_in_sync=grads_in_sync,
       apply_fn=apply_fn,
       skip_fn=skip_fn,
-      fuse_under_xla=fuse_under_xla,
     )
 
   def __repr__(self):
