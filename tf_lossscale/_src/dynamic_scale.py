@@ -10,7 +10,11 @@ Three layers, each usable on its own:
 
 The legacy `DynamicLossScale`, both Keras `LossScaleOptimizer` classes and the
 compat.v1 `MixedPrecisionLossScaleOptimizer` all update their scale through
-`update_scale_variables`.
+`update_scale_variables`; the optimizers also hand it their apply, so that in
+a graph one If op does both (see docs/index.md, "the hot path", for what each
+speed-up buys and where it is not taken). `cond` and `OneCall` are the two
+helpers behind that: an If kept as a function call where safe, and eager
+work run as one graph call.
 
 Nothing here needs AutoGraph (it runs as is eagerly, in tf.function and in
 TF1 graphs): the entry points are marked `do_not_convert`, as are the ones
@@ -146,11 +150,8 @@ def _returning(value, fn):
 def _fuse_check_and_apply():
   """Whether the check and the apply can share one If: in a graph, outside
   strategies (whose verdict is reduced across replicas first) and outside
-  XLA. XLA would compile the apply twice (it is in both branches): 500
-  variables with a tf_keras SGD took 127 s against 40 s for tf_keras's own
-  LSO. On a CPU, sharing the If would spare XLA a copy of the variables per
-  step (16.8M parameters: 107 against 124 ms); on a GPU such a copy costs
-  little and compile time still counts."""
+  XLA, which would compile the apply twice (it is in both branches; 500
+  variables with a tf_keras SGD: 127 s against 40 s for tf_keras's LSO)."""
   if tf.executing_eagerly() or tf.distribute.has_strategy():
     return False
   return not control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
@@ -390,6 +391,7 @@ def update_scale_variables(
       is run, `apply_fn` when the gradients are finite, and the returned op
       includes it. Outside strategies, in a graph (not XLA's), the check and
       this choice then share one If op (see `_fuse_check_and_apply`).
+
   Returns:
     `(update_op, should_apply_gradients)`: the op assigning the state (and
     running `apply_fn` or `skip_fn`; None when eager) and a scalar bool
