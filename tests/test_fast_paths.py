@@ -4,6 +4,8 @@
   functions instead of being lowered to a Switch per input (the If kernel runs
   a branch on one device): only on a CPU-only machine, outside strategies,
   when every resource it touches is on one device. Elsewhere it is lowered.
+* In a TF1 graph, one Switch gates the apply's ops (as TF1's cond gates a
+  branch, without a Switch per input); inside functions the If stays.
 * Eagerly, the unscale and the finiteness check each run as one call of a
   graph function instead of op by op, with the same numbers.
 """
@@ -195,3 +197,69 @@ def test_eager_check_under_a_strategy_runs_op_by_op():
     assert not bool(dynamic_scale.all_finite(grads))
     assert bool(dynamic_scale.all_finite(grads[:1]))
   assert dynamic_scale.eager_outside_strategies()
+
+
+# --- TF1 graphs: one Switch gates the apply -----------------------------------
+
+
+def test_tf1_graph_gates_the_apply_with_a_switch_and_skips_exactly():
+  graph = tf.Graph()
+  with graph.as_default():
+    variables = [tf.Variable(np.full([3], 4.0, np.float32)) for _ in range(3)]
+    step = tf.compat.v1.train.get_or_create_global_step()
+    nan = tf.compat.v1.placeholder(tf.float32, [])
+    opt = MixedPrecisionLossScaleOptimizer(tf.compat.v1.train.AdamOptimizer(0.25), "dynamic")
+    train_op = opt.minimize(
+      tf.add_n([tf.reduce_sum(v * v) for v in variables]) * nan, global_step=step
+    )
+    state = [variables, [opt._optimizer.get_slot(v, "m") for v in variables]]  # pylint: disable=protected-access
+    state += [step, opt._loss_scale(), opt._optimizer._get_beta_accumulators()]  # pylint: disable=protected-access
+    types = [op.type for op in graph.get_operations()]
+  # The exact check and the apply each behind a Switch; no If, no Switch per input.
+  assert types.count("Switch") == 2 and types.count("Merge") == 2
+  assert "If" not in types and "StatelessIf" not in types
+  with tf.compat.v1.Session(graph=graph) as session:
+    session.run(tf.compat.v1.global_variables_initializer())  # Slots made in a branch.
+    session.run(train_op, {nan: 1.0})
+    applied = session.run(state)
+    assert applied[2] == 1 and not np.allclose(applied[0], 4.0)
+    for bad in (float("nan"), float("inf")):
+      session.run(train_op, {nan: bad})
+      skipped = session.run(state)
+      tf.nest.map_structure(np.testing.assert_array_equal, skipped[:3], applied[:3])
+      tf.nest.map_structure(np.testing.assert_array_equal, skipped[4], applied[4])
+      assert skipped[3] == applied[3] / 2
+      applied = skipped
+
+
+def test_tf1_graph_cond_returns_the_taken_branch_s_values():
+  graph = tf.Graph()
+  with graph.as_default():
+    pred = tf.compat.v1.placeholder(tf.bool, [])
+    outer = tf.constant([1.0, 2.0])
+    result = dynamic_scale.cond(
+      pred, lambda: (outer, {"n": tf.constant(1)}), lambda: (outer * 3, {"n": tf.constant(2)})
+    )
+    op = dynamic_scale.cond(pred, tf.no_op, lambda: None)
+    with pytest.raises(ValueError, match="same structure"):
+      dynamic_scale.cond(pred, lambda: tf.constant(1), lambda: tf.constant(1.0))
+  assert isinstance(op, tf.Operation)
+  with tf.compat.v1.Session(graph=graph) as session:
+    for taken, (values, n) in ((True, ([1.0, 2.0], 1)), (False, ([3.0, 6.0], 2))):
+      got, extra, _ = session.run([result[0], result[1], op], {pred: taken})
+      np.testing.assert_array_equal(got, values)
+      assert extra == {"n": n}
+
+
+def test_tf1_graph_inside_a_function_keeps_the_if():
+  graph = tf.Graph()
+  with graph.as_default():
+    variables = [tf.Variable(np.full([3], 4.0, np.float32))]
+    opt = MixedPrecisionLossScaleOptimizer(
+      tf.compat.v1.train.GradientDescentOptimizer(0.25), "dynamic"
+    )
+    step = tf.function(_v1_step(opt, variables))
+    step(tf.constant(1.0))
+    concrete = step.get_concrete_function(tf.constant(1.0))
+  types = [op.type for op in concrete.graph.get_operations()]
+  assert "If" in types and "Switch" not in types

@@ -225,7 +225,8 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     if isinstance(loss_scale, loss_scale_module.DynamicLossScale) and (
       update is loss_scale_module.DynamicLossScale.update
     ):
-      # Our own update: the check and the conditional apply share one If op.
+      # Our own update: it runs the apply itself (sharing the check's If op in
+      # a function graph, behind a Switch in a TF1 graph).
       update_op, _ = loss_scale._update(  # pylint: disable=protected-access
         grads, grads_in_sync=False, apply_fn=apply, skip_fn=tf.no_op
       )

@@ -11,10 +11,11 @@ Three layers, each usable on its own:
 The legacy `DynamicLossScale`, both Keras `LossScaleOptimizer` classes and the
 compat.v1 `MixedPrecisionLossScaleOptimizer` all update their scale through
 `update_scale_variables`; the optimizers also hand it their apply, so that in
-a graph one If op does both (see docs/index.md, "the hot path", for what each
+a function graph one If op does both (see docs/index.md, "the hot path", for what each
 speed-up buys and where it is not taken). `cond` and `OneCall` are the two
-helpers behind that: an If kept as a function call where safe, and eager
-work run as one graph call.
+helpers behind that: a conditional that costs little with hundreds of
+inputs (an If kept as a function call where safe; in a TF1 graph one Switch
+gating the branch), and eager work run as one graph call.
 
 Nothing here needs AutoGraph (it runs as is eagerly, in tf.function and in
 TF1 graphs): the entry points are marked `do_not_convert`, as are the ones
@@ -58,15 +59,14 @@ def _all(flags):
 
 def _each_finite(values):
   """TF 2.4's element-wise check, on stacked chunks of same-shaped gradients."""
+  all_of = functools.partial(_over_all_axes(), tf.raw_ops.All)
   groups, others = _grouped(values, group=True)
-  flags = [tf.reduce_all(tf.math.is_finite(v)) for v in others]
+  flags = [all_of(tf.math.is_finite(v)) for v in others]
   for same_shape in groups:
     per_chunk = max(1, _STACKED_MAX_ELEMENTS // max(1, same_shape[0].shape.num_elements()))
     for i in range(0, len(same_shape), per_chunk):
       chunk = same_shape[i : i + per_chunk]
-      flags.append(
-        tf.reduce_all(tf.math.is_finite(chunk[0] if len(chunk) == 1 else tf.stack(chunk)))
-      )
+      flags.append(all_of(tf.math.is_finite(chunk[0] if len(chunk) == 1 else tf.stack(chunk))))
   return _all(flags)
 
 
@@ -81,20 +81,25 @@ def _times_zero_finite(values, sum_all):
   return tf.math.is_finite(sums[0] if len(sums) == 1 else tf.add_n(sums))
 
 
-def _summer():
-  """`reduce_sum` over all axes, sharing one axes constant per rank (with
-  hundreds of gradients, tracing time is mostly the ops created)."""
+def _over_all_axes():
+  """`reduce(raw_op, v)`: `v` reduced over all its axes by `tf.raw_ops.Sum`
+  or `All`, sharing one axes constant per rank (with hundreds of gradients,
+  tracing time and a TF1 graph's size are mostly the ops created)."""
   axes = {}
 
-  def sum_all(v):
+  def reduce(raw_op, v):
     rank = v.shape.rank
     if rank is None:
-      return tf.reduce_sum(v)
+      return raw_op(input=v, axis=tf.range(tf.rank(v)))
     if rank not in axes:
       axes[rank] = tf.constant(list(range(rank)), tf.int32)
-    return tf.raw_ops.Sum(input=v, axis=axes[rank])
+    return raw_op(input=v, axis=axes[rank])
 
-  return sum_all
+  return reduce
+
+
+def _summer():
+  return functools.partial(_over_all_axes(), tf.raw_ops.Sum)
 
 
 def _quick_and_exact(values):
@@ -148,11 +153,12 @@ def _returning(value, fn):
 
 
 def _fuse_check_and_apply():
-  """Whether the check and the apply can share one If: in a graph, outside
-  strategies (whose verdict is reduced across replicas first) and outside
-  XLA, which would compile the apply twice (it is in both branches; 500
-  variables with a tf_keras SGD: 127 s against 40 s for tf_keras's LSO)."""
-  if tf.executing_eagerly() or tf.distribute.has_strategy():
+  """Whether the check and the apply can share one If: in a function graph,
+  outside strategies (whose verdict is reduced across replicas first) and
+  outside XLA, which would compile the apply twice (it is in both branches;
+  500 variables with a tf_keras SGD: 127 s against 40 s for tf_keras's LSO).
+  A TF1 graph gates the apply with one Switch instead (see `_switch_cond`)."""
+  if tf.executing_eagerly() or tf.distribute.has_strategy() or _plain_graph():
     return False
   return not control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
@@ -271,16 +277,78 @@ def _run_branches_as_functions(if_op):
     if_op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))  # pylint: disable=protected-access
 
 
+def _plain_graph():
+  """Whether ops go into a TF1 graph (not a function's) outside strategies,
+  XLA and TF1 control-flow contexts."""
+  graph = tf.compat.v1.get_default_graph()
+  return not (
+    tf.executing_eagerly()
+    or graph.building_function
+    or tf.distribute.has_strategy()
+    or graph._get_control_flow_context() is not None  # pylint: disable=protected-access
+    or control_flow_util.GraphOrParentsInXlaContext(graph)
+  )
+
+
+def _switch_cond(pred, true_fn, false_fn):
+  """`tf.cond` for a TF1 graph with one Switch and one Merge per output.
+
+  As TF1's own `cond` does, each branch's ops get a control input from a
+  pivot, one of the Switch's two outputs, and do not run when it is dead:
+  but the tensors a branch uses from outside are not passed through a Switch
+  each. With 500 gradients and variables a gated apply then costs about as
+  much as an ungated one (a kept If cost 0.65 ms more a step, lowered 0.8).
+  Ops a branch creates under `tf.control_dependencies(None)` (slots and other
+  variables made on the first call) are not gated, as in TF1's `cond`.
+  A branch returns tensors (both the same structure and dtypes), or
+  operations or None: the result is then an operation.
+  """
+  off, on = tf.raw_ops.Switch(data=pred, pred=pred)
+  branches = []
+  for side, fn in ((off, false_fn), (on, true_fn)):
+    pivot = tf.identity(side)
+    with tf.control_dependencies([pivot]):
+      result = fn()
+      flat = tf.nest.flatten(result)
+      ops = [x for x in flat if x is not None and isinstance(x, tf.Operation)]
+      if len(ops) < len([x for x in flat if x is not None]) or not flat:
+        outputs = [tf.identity(x) for x in flat]
+      else:
+        result = None
+        with tf.control_dependencies(ops):
+          outputs = [tf.identity(pivot)]
+    branches.append((result, outputs))
+  (false_result, false_out), (true_result, true_out) = branches
+  try:
+    tf.nest.assert_same_structure(true_result, false_result)
+    same = [x.dtype for x in true_out] == [x.dtype for x in false_out]
+  except (TypeError, ValueError):
+    same = False
+  if not same:
+    raise ValueError(
+      f"cond: both branches must return the same structure of tensors of the same dtypes,"
+      f" or operations; got {true_result!r} and {false_result!r}"
+    )
+  merged = [tf.raw_ops.Merge(inputs=pair).output for pair in zip(false_out, true_out, strict=True)]
+  if true_result is None:
+    return merged[0].op
+  return tf.nest.pack_sequence_as(true_result, merged)
+
+
 @tf.autograph.experimental.do_not_convert
 def cond(pred, true_fn, false_fn):
   """`tf.cond`, decided in Python when `pred` is known (eager, Python bool).
 
-  In a graph, the If op is not lowered to Switch/Merge where that is safe
-  (see `_run_branches_as_functions`): the branch not taken then costs nothing.
+  In a TF1 graph the branches are gated by one Switch (`_switch_cond`). In a
+  function graph, the If op is not lowered to Switch/Merge where that is
+  safe (see `_run_branches_as_functions`): the branch not taken then costs
+  nothing.
   """
   static_pred = tf.get_static_value(pred)
   if static_pred is not None:
     return true_fn() if static_pred else false_fn()
+  if _plain_graph():
+    return _switch_cond(pred, true_fn, false_fn)
   graph = tf.compat.v1.get_default_graph()
   known = len(graph.get_operations())
   result = tf.cond(pred, true_fn, false_fn)
@@ -389,8 +457,8 @@ def update_scale_variables(
     grads_in_sync: See `replicas_all_finite`.
     apply_fn, skip_fn: Optional callables taking no arguments: one of them
       is run, `apply_fn` when the gradients are finite, and the returned op
-      includes it. Outside strategies, in a graph (not XLA's), the check and
-      this choice then share one If op (see `_fuse_check_and_apply`).
+      includes it. Outside strategies, in a function graph (not XLA's), the
+      check and this choice then share one If op (see `_fuse_check_and_apply`).
 
   Returns:
     `(update_op, should_apply_gradients)`: the op assigning the state (and
