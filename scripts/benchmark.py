@@ -39,7 +39,8 @@ import tensorflow as tf  # noqa: E402
 
 MODES = ("function", "eager", "xla", "graph")
 FAMILIES = ("keras3", "tf_keras", "v1")
-IMPLS = ("plain", "floor", "peer", "ours")
+IMPLS = ("plain", "floor", "gated", "peer", "ours")
+FLOORS = ("floor", "gated")  # Lower bounds, measured in graphs only.
 PEER_NAMES = {
   "keras3": "Keras 3 LSO",
   "tf_keras": "tf_keras LSO",
@@ -170,7 +171,7 @@ def _inner(family, optimizer, lr):
 
 def _make_optimizer(family, impl, optimizer, lr):
   inner = _inner(family, optimizer, lr)
-  if impl in ("plain", "floor"):
+  if impl in ("plain", *FLOORS):
     return inner
   if family == "v1":
     if impl == "peer":
@@ -196,6 +197,10 @@ def _make_optimizer(family, impl, optimizer, lr):
 # and one read of every gradient for the finiteness check (the cheapest we
 # know: tf_lossscale's own sums, small same-shaped gradients added first),
 # which the apply waits for. No scale state, no conditional.
+#
+# "gated" (floor+cond) adds the one thing an exact skip needs on top: the apply
+# inside a conditional on that check (the cheapest we know: tf_lossscale's
+# `cond`, an If kept as a function call on one CPU, one Switch in a TF1 graph).
 _FLOOR_SCALE = 2.0**15
 
 
@@ -207,11 +212,19 @@ def _floor_grads(grads):
   return grads, finite
 
 
-def _floor_v1(opt, variables, loss_fn):
+def _floor_apply(impl, finite, apply):
+  from tf_lossscale._src import dynamic_scale
+
+  if impl == "gated":  # What apply returns differs by optimizer: the branches return nothing.
+    return dynamic_scale.cond(finite, lambda: [apply()] and None, lambda: None)
+  with tf.control_dependencies([finite]):
+    return apply()
+
+
+def _floor_v1(impl, opt, variables, loss_fn):
   pairs = opt.compute_gradients(lambda: loss_fn() * _FLOOR_SCALE, var_list=variables)
   grads, finite = _floor_grads([g for g, _ in pairs])
-  with tf.control_dependencies([finite]):
-    return opt.apply_gradients(zip(grads, variables, strict=True))
+  return _floor_apply(impl, finite, lambda: opt.apply_gradients(zip(grads, variables, strict=True)))
 
 
 def _make_step(family, impl, opt, variables, loss_fn):
@@ -219,8 +232,8 @@ def _make_step(family, impl, opt, variables, loss_fn):
   if family == "v1":
 
     def step():
-      if impl == "floor":
-        _floor_v1(opt, variables, loss_fn)
+      if impl in FLOORS:
+        _floor_v1(impl, opt, variables, loss_fn)
       else:
         opt.minimize(loss_fn, var_list=variables)
 
@@ -229,21 +242,20 @@ def _make_step(family, impl, opt, variables, loss_fn):
   def step():
     with tf.GradientTape() as tape:
       loss = loss_fn()
-      if impl == "floor":
+      if impl in FLOORS:
         loss = loss * _FLOOR_SCALE
       elif impl == "peer" and family == "keras3":
         loss = opt.scale_loss(loss)  # Keras 3's LSO unscales inside apply.
       elif impl != "plain":
         loss = opt.get_scaled_loss(loss)
     grads = tape.gradient(loss, variables)
-    finite = []
-    if impl == "floor":
+    if impl in FLOORS:
       grads, finite = _floor_grads(grads)
-      finite = [finite]
-    elif impl != "plain" and not (impl == "peer" and family == "keras3"):
+      _floor_apply(impl, finite, lambda: opt.apply_gradients(zip(grads, variables, strict=True)))
+      return
+    if impl != "plain" and not (impl == "peer" and family == "keras3"):
       grads = opt.get_unscaled_gradients(grads)
-    with tf.control_dependencies(finite):
-      opt.apply_gradients(zip(grads, variables, strict=True))
+    opt.apply_gradients(zip(grads, variables, strict=True))
 
   return step
 
@@ -338,7 +350,7 @@ class Config:
 
 def _prepare(cfg, args, variables, loss_fn):
   """Builds cfg.run for tf.function, eager and XLA modes."""
-  if cfg.impl == "floor" and cfg.mode == "eager":
+  if cfg.impl in FLOORS and cfg.mode == "eager":
     # Eagerly the cost is Python dispatch per op, not work: no floor there.
     raise NotApplicable("the floor is measured in graphs (tf.function, XLA, TF1)")
   opt = _make_optimizer(cfg.family, cfg.impl, args.optimizer, args.lr)
@@ -358,8 +370,8 @@ def _prepare_graph(cfg, args, workload):
   with graph.as_default():
     variables, loss_fn = workload.build()
     opt = _make_optimizer(cfg.family, cfg.impl, args.optimizer, args.lr)
-    if cfg.impl == "floor":
-      train_op = _floor_v1(opt, variables, loss_fn)
+    if cfg.impl in FLOORS:
+      train_op = _floor_v1(cfg.impl, opt, variables, loss_fn)
     else:
       train_op = opt.minimize(loss_fn(), var_list=variables)
     init = tf.compat.v1.global_variables_initializer()
@@ -488,35 +500,42 @@ def _pairs(configs):
 def summary_table(configs, families, notes):
   """Overhead (LSO step / plain step) per workload x mode, peers and ours.
 
-  The floor column is the lowest floor/plain of the families (see
-  `_floor_grads`). The last column checks issue 6's goal: our worst overhead
-  at most half the best peer's; "floor > ½" says the floor alone costs more
-  than that.
+  The floor columns are the lowest floor/plain and floor+cond/plain of the
+  families (see `_floor_grads`). The last column checks issue 6's goal: our
+  worst overhead at most half the best peer's; "floor > ½" says the floor
+  alone costs more than that, "floor+cond > ½" that the floor with the
+  conditional an exact skip needs does.
   """
   head = ["workload · mode"]
   for f in families:
     head += [f"{PEER_NAMES[f]}", f"ours ({f})"]
-  head += ["floor", "ours ≤ ½ best peer"]
+  head += ["floor", "floor+cond", "ours ≤ ½ best peer"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for workload, mode in _pairs(configs):
     row = [f"{workload} · {mode}"]
-    peers, ours, floors = [], [], []
+    peers, ours, floors = [], [], {impl: [] for impl in FLOORS}
     for f in families:
-      plain, floor, peer, mine = (_find(configs, workload, mode, f, i) for i in IMPLS)
-      row += [_ratio(peer, plain, notes), _ratio(mine, plain, notes)]
+      found = {i: _find(configs, workload, mode, f, i) for i in IMPLS}
+      plain = found["plain"]
+      row += [_ratio(found["peer"], plain, notes), _ratio(found["ours"], plain, notes)]
       if plain is None:
         continue  # No such row for this family (graph mode is compat.v1 only).
-      peers.append(_overhead(peer, plain))
-      ours.append(_overhead(mine, plain))
-      floors.append(_overhead(floor, plain))
-    floors = [x for x in floors if x is not None]
-    row.append(f"{1 + min(floors):.2f}x" if floors else "-")
+      peers.append(_overhead(found["peer"], plain))
+      ours.append(_overhead(found["ours"], plain))
+      for impl in FLOORS:
+        floors[impl].append(_overhead(found[impl], plain))
+    lowest = {}
+    for impl in FLOORS:
+      known = [x for x in floors[impl] if x is not None]
+      lowest[impl] = min(known) if known else None
+      row.append("-" if lowest[impl] is None else f"{1 + lowest[impl]:.2f}x")
     peers = [p for p in peers if p is not None]
     if peers and ours and None not in ours:
       half = max(min(peers), 0) / 2
       verdict = "yes" if max(ours) <= half else "no"
-      if verdict == "no" and floors and min(floors) > half:
-        verdict = "no, floor > ½"
+      for impl, name in zip(FLOORS, ("floor", "floor+cond"), strict=True):
+        if verdict == "no" and lowest[impl] is not None and lowest[impl] > half:
+          verdict = f"no, {name} > ½"
       row.append(verdict)
     else:
       row.append("-")
@@ -529,6 +548,7 @@ def detail_table(configs, families, memory_kind, notes):
     "workload · mode · family",
     "plain ms",
     "floor ms",
+    "floor+cond ms",
     "peer ms",
     "ours ms",
     "ours/plain",
@@ -547,11 +567,11 @@ def detail_table(configs, families, memory_kind, notes):
 
   for workload, mode in _pairs(configs):
     for f in families:
-      plain, floor, peer, ours = (_find(configs, workload, mode, f, i) for i in IMPLS)
+      plain, floor, gated, peer, ours = (_find(configs, workload, mode, f, i) for i in IMPLS)
       if plain is None:
         continue
       cells = [f"{workload} · {mode} · {f}", _ms(plain, notes)]
-      cells += [_ms(floor, notes), _ms(peer, notes), _ms(ours, notes)]
+      cells += [_ms(floor, notes), _ms(gated, notes), _ms(peer, notes), _ms(ours, notes)]
       cells += [_ratio(ours, plain, notes), _ratio(ours, peer, notes)]
       cells += [
         num((plain, peer, ours), "first_call_s", ".2f"),

@@ -263,3 +263,30 @@ def test_tf1_graph_inside_a_function_keeps_the_if():
     concrete = step.get_concrete_function(tf.constant(1.0))
   types = [op.type for op in concrete.graph.get_operations()]
   assert "If" in types and "Switch" not in types
+
+
+def test_tf1_graph_cond_runs_what_the_taken_branch_makes_and_does_not_return():
+  # As a function's branch would (TF1's own cond would not).
+  graph = tf.Graph()
+  with graph.as_default():
+    pred = tf.compat.v1.placeholder(tf.bool, [])
+    counters = [tf.Variable(0), tf.Variable(0)]
+
+    def bump(counter):
+      def branch():
+        counter.assign_add(1)  # Not returned.
+
+      return branch
+
+    op = dynamic_scale.cond(pred, bump(counters[1]), bump(counters[0]))
+    value = dynamic_scale.cond(
+      pred, lambda: (bump(counters[1])(), tf.constant(1))[1], lambda: tf.constant(0)
+    )
+  with tf.compat.v1.Session(graph=graph) as session:
+    session.run(tf.compat.v1.global_variables_initializer())
+    session.run(op, {pred: True})
+    assert session.run(counters) == [0, 1]
+    session.run(op, {pred: False})
+    assert session.run(counters) == [1, 1]
+    assert session.run(value, {pred: True}) == 1
+    assert session.run(counters) == [1, 2]

@@ -290,6 +290,18 @@ def _plain_graph():
   )
 
 
+def _gated_leaves(pivot, new_ops):
+  """The ops of `new_ops` that depend on `pivot` and that nothing uses yet."""
+  gated = {pivot.op}
+  for op in new_ops:  # In creation order, so inputs come first.
+    if any(t.op in gated for t in op.inputs) or any(c in gated for c in op.control_inputs):
+      gated.add(op)
+  used = {t.op for op in new_ops for t in op.inputs} | {
+    c for op in new_ops for c in op.control_inputs
+  }
+  return [op for op in new_ops if op in gated and op not in used]
+
+
 def _switch_cond(pred, true_fn, false_fn):
   """`tf.cond` for a TF1 graph with one Switch and one Merge per output.
 
@@ -298,25 +310,28 @@ def _switch_cond(pred, true_fn, false_fn):
   but the tensors a branch uses from outside are not passed through a Switch
   each. With 500 gradients and variables a gated apply then costs about as
   much as an ungated one (a kept If cost 0.65 ms more a step, lowered 0.8).
-  Ops a branch creates under `tf.control_dependencies(None)` (slots and other
-  variables made on the first call) are not gated, as in TF1's `cond`.
+  As in a function's branch, every op the taken branch makes runs, also
+  those it does not return. Ops it makes under
+  `tf.control_dependencies(None)` (slots and other variables made on the
+  first call) are not gated, as in TF1's `cond`.
   A branch returns tensors (both the same structure and dtypes), or
   operations or None: the result is then an operation.
   """
+  graph = tf.compat.v1.get_default_graph()
   off, on = tf.raw_ops.Switch(data=pred, pred=pred)
   branches = []
   for side, fn in ((off, false_fn), (on, true_fn)):
     pivot = tf.identity(side)
+    known = len(graph.get_operations())
     with tf.control_dependencies([pivot]):
       result = fn()
-      flat = tf.nest.flatten(result)
-      ops = [x for x in flat if x is not None and isinstance(x, tf.Operation)]
-      if len(ops) < len([x for x in flat if x is not None]) or not flat:
+    flat = tf.nest.flatten(result)
+    present = [x for x in flat if x is not None]
+    with tf.control_dependencies([pivot, *_gated_leaves(pivot, graph.get_operations()[known:])]):
+      if present and not all(isinstance(x, tf.Operation) for x in present):
         outputs = [tf.identity(x) for x in flat]
       else:
-        result = None
-        with tf.control_dependencies(ops):
-          outputs = [tf.identity(pivot)]
+        result, outputs = None, [tf.identity(pivot)]
     branches.append((result, outputs))
   (false_result, false_out), (true_result, true_out) = branches
   try:
