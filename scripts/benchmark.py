@@ -14,6 +14,9 @@ the same process, interleaved round by round:
 A step is the whole training step: forward pass, loss, loss scaling,
 gradients, unscaling, finiteness check, scale update and apply. The overhead
 of loss scaling is a step's median time divided by the plain optimizer's.
+Two lower bounds are timed beside them in graphs: `floor` (a constant scale,
+the unscale and one read of every gradient) and `floor+cond` (the same with
+the apply in a conditional, which an exact skip needs).
 
 Prints markdown tables and, with `--json PATH`, writes every measurement.
 Configurations that fail (or are not implemented yet) are reported, not fatal.
