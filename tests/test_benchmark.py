@@ -130,9 +130,14 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [*MODES, "xla_if"])
 @pytest.mark.parametrize("grads, expected", FAST_CHECK_TRAPS.values(), ids=FAST_CHECK_TRAPS)
-def test_all_finite_skips_exactly_on_nan_or_inf_never_on_overflow(grads, expected, mode):
+def test_all_finite_skips_exactly_on_nan_or_inf_never_on_overflow(
+  grads, expected, mode, monkeypatch
+):
+  if mode == "xla_if":  # Under XLA, few gradients are checked with no If: check the If too.
+    monkeypatch.setattr(dynamic_scale, "_XLA_IF_FREE_UP_TO", 0)
+    mode = "xla"
   grads = grads()
   assert bool(MODES[mode](lambda: dynamic_scale.all_finite(grads))()) is expected
 
@@ -157,11 +162,15 @@ def _fused_step(grads):
   return step, (scale, counter, applied, skipped)
 
 
-@pytest.mark.parametrize("mode", ["function", "xla", "graph"])
+@pytest.mark.parametrize("mode", ["function", "xla", "xla_if", "graph"])
 @pytest.mark.parametrize("grads, expected", FAST_CHECK_TRAPS.values(), ids=FAST_CHECK_TRAPS)
-def test_check_fused_with_the_apply_decides_exactly_too(grads, expected, mode):
-  # In a graph (not XLA's) the check and the conditional apply share one If op, with the
-  # exact check nested in its skip branch: the same traps must hold there.
+def test_check_fused_with_the_apply_decides_exactly_too(grads, expected, mode, monkeypatch):
+  # In a function (not XLA's) the check and the conditional apply share one If op, with
+  # the exact check nested in its skip branch; in a TF1 graph each is gated by a Switch;
+  # under XLA few gradients are checked with no If: the same traps must hold everywhere.
+  if mode == "xla_if":
+    monkeypatch.setattr(dynamic_scale, "_XLA_IF_FREE_UP_TO", 0)
+    mode = "xla"
   if mode == "graph":
     with tf.Graph().as_default():
       step, state = _fused_step(grads)

@@ -40,6 +40,9 @@ def _values(grad):
 _GROUPED_MAX_ELEMENTS = 1 << 16
 # ...and, in the exact check, of at most this many elements per stacked chunk.
 _STACKED_MAX_ELEMENTS = 1 << 20
+# Under XLA, up to this many gradients are checked exactly in one pass with no
+# If (see `_quick_and_exact`); more compile faster with the If.
+_XLA_IF_FREE_UP_TO = 16
 
 
 def _grouped(values, group):
@@ -113,14 +116,25 @@ def _quick_and_exact(values):
   skipped. float16 and bfloat16 sums overflow too often to pay off: those
   are checked element by element in `quick` already. `exact` is None when
   `quick` is exact by itself.
+
+  Under XLA with few gradients `quick` is exact by itself: sums of the
+  gradients times zero, which XLA fuses into one read each. The If that
+  the fallback needs made XLA copy large variables once more a step on a
+  CPU (16.8M parameters in 8 variables, Keras 3 SGD: 109 ms against 95 ms,
+  plain 71 ms); with many gradients the If-free check compiles twice as
+  slowly (100 variables: 9.0 s against 4.6 s) and runs slower.
   """
   xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+  if_free = xla and len(values) <= _XLA_IF_FREE_UP_TO
   sum_all = _summer()
   flags, summed = [], False
   for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
     same_dtype = [v for v in values if v.dtype == dtype]
     if dtype not in (tf.float32, tf.float64):
       flags.append(_each_finite(same_dtype))
+      continue
+    if if_free:
+      flags.append(_times_zero_finite(same_dtype, sum_all))
       continue
     summed = True
     groups, others = _grouped(same_dtype, group=not xla)  # XLA compiles a wide add_n slowly.
