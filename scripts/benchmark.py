@@ -14,9 +14,9 @@ the same process, interleaved round by round:
 A step is the whole training step: forward pass, loss, loss scaling,
 gradients, unscaling, finiteness check, scale update and apply. The overhead
 of loss scaling is a step's median time divided by the plain optimizer's.
-Two lower bounds are timed beside them in graphs: `floor` (a constant scale,
-the unscale and one read of every gradient) and `floor+cond` (the same with
-the apply in a conditional, which an exact skip needs).
+Two lower bounds are timed beside them: `floor` (a constant scale, the
+unscale and one read of every gradient) and `floor+cond` (the same with the
+apply in a conditional, which an exact skip needs; eagerly a Python `if`).
 
 Prints markdown tables and, with `--json PATH`, writes every measurement.
 Configurations that fail (or are not implemented yet) are reported, not fatal.
@@ -43,7 +43,7 @@ import tensorflow as tf  # noqa: E402
 MODES = ("function", "eager", "xla", "graph")
 FAMILIES = ("keras3", "tf_keras", "v1")
 IMPLS = ("plain", "floor", "gated", "peer", "ours")
-FLOORS = ("floor", "gated")  # Lower bounds, measured in graphs only.
+FLOORS = ("floor", "gated")  # Lower bounds (see _floor_grads).
 PEER_NAMES = {
   "keras3": "Keras 3 LSO",
   "tf_keras": "tf_keras LSO",
@@ -203,7 +203,8 @@ def _make_optimizer(family, impl, optimizer, lr):
 #
 # "gated" (floor+cond) adds the one thing an exact skip needs on top: the apply
 # inside a conditional on that check (the cheapest we know: tf_lossscale's
-# `cond`, an If kept as a function call on one CPU, one Switch in a TF1 graph).
+# `cond`, an If kept as a function call on one CPU, one Switch in a TF1 graph,
+# a Python `if` eagerly). Eagerly both run op by op, the simplest way.
 _FLOOR_SCALE = 2.0**15
 
 
@@ -353,9 +354,6 @@ class Config:
 
 def _prepare(cfg, args, variables, loss_fn):
   """Builds cfg.run for tf.function, eager and XLA modes."""
-  if cfg.impl in FLOORS and cfg.mode == "eager":
-    # Eagerly the cost is Python dispatch per op, not work: no floor there.
-    raise NotApplicable("the floor is measured in graphs (tf.function, XLA, TF1)")
   opt = _make_optimizer(cfg.family, cfg.impl, args.optimizer, args.lr)
   if cfg.family == "keras3" and hasattr(opt, "build"):
     opt.build(variables)  # Keras 3 creates its variables up front.
@@ -500,14 +498,29 @@ def _pairs(configs):
   return seen
 
 
+def _verdict(peers, ours, floors):
+  """Issue 6's goal for one row: every family's overhead at most half the
+  best peer's. Where a family misses it, "floor > ½" (or "floor+cond > ½")
+  says that family's own floor (with the conditional) already costs more."""
+  peers = [p for p in peers if p is not None]
+  if not peers or not ours or None in ours.values():
+    return "-"
+  half = max(min(peers), 0) / 2
+  missing = [f for f, overhead in ours.items() if overhead > half]
+  if not missing:
+    return "yes"
+  for impl, name in zip(FLOORS, ("floor", "floor+cond"), strict=True):
+    bounds = [floors[f][impl] for f in missing]
+    if None not in bounds and min(bounds) > half:
+      return f"no, {name} > ½"
+  return "no"
+
+
 def summary_table(configs, families, notes):
   """Overhead (LSO step / plain step) per workload x mode, peers and ours.
 
   The floor columns are the lowest floor/plain and floor+cond/plain of the
-  families (see `_floor_grads`). The last column checks issue 6's goal: our
-  worst overhead at most half the best peer's; "floor > ½" says the floor
-  alone costs more than that, "floor+cond > ½" that the floor with the
-  conditional an exact skip needs does.
+  families (see `_floor_grads`); the last column is `_verdict`.
   """
   head = ["workload · mode"]
   for f in families:
@@ -516,7 +529,7 @@ def summary_table(configs, families, notes):
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for workload, mode in _pairs(configs):
     row = [f"{workload} · {mode}"]
-    peers, ours, floors = [], [], {impl: [] for impl in FLOORS}
+    peers, ours, floors = [], {}, {}
     for f in families:
       found = {i: _find(configs, workload, mode, f, i) for i in IMPLS}
       plain = found["plain"]
@@ -524,24 +537,12 @@ def summary_table(configs, families, notes):
       if plain is None:
         continue  # No such row for this family (graph mode is compat.v1 only).
       peers.append(_overhead(found["peer"], plain))
-      ours.append(_overhead(found["ours"], plain))
-      for impl in FLOORS:
-        floors[impl].append(_overhead(found[impl], plain))
-    lowest = {}
+      ours[f] = _overhead(found["ours"], plain)
+      floors[f] = {impl: _overhead(found[impl], plain) for impl in FLOORS}
     for impl in FLOORS:
-      known = [x for x in floors[impl] if x is not None]
-      lowest[impl] = min(known) if known else None
-      row.append("-" if lowest[impl] is None else f"{1 + lowest[impl]:.2f}x")
-    peers = [p for p in peers if p is not None]
-    if peers and ours and None not in ours:
-      half = max(min(peers), 0) / 2
-      verdict = "yes" if max(ours) <= half else "no"
-      for impl, name in zip(FLOORS, ("floor", "floor+cond"), strict=True):
-        if verdict == "no" and lowest[impl] is not None and lowest[impl] > half:
-          verdict = f"no, {name} > ½"
-      row.append(verdict)
-    else:
-      row.append("-")
+      known = [x[impl] for x in floors.values() if x[impl] is not None]
+      row.append(f"{1 + min(known):.2f}x" if known else "-")
+    row.append(_verdict(peers, ours, floors))
     lines.append("| " + " | ".join(row) + " |")
   return "\n".join(lines)
 
