@@ -225,8 +225,10 @@ def _floor_apply(impl, finite, apply):
     return apply()
 
 
-def _floor_v1(impl, opt, variables, loss_fn):
-  pairs = opt.compute_gradients(lambda: loss_fn() * _FLOOR_SCALE, var_list=variables)
+def _floor_v1(impl, opt, variables, loss_fn, tensor_loss=False):
+  # `tensor_loss` in a TF1 graph, as `minimize(loss_fn())` there (tf.gradients, not a tape).
+  loss = lambda: loss_fn() * _FLOOR_SCALE  # noqa: E731
+  pairs = opt.compute_gradients(loss() if tensor_loss else loss, var_list=variables)
   grads, finite = _floor_grads([g for g, _ in pairs])
   return _floor_apply(impl, finite, lambda: opt.apply_gradients(zip(grads, variables, strict=True)))
 
@@ -372,7 +374,7 @@ def _prepare_graph(cfg, args, workload):
     variables, loss_fn = workload.build()
     opt = _make_optimizer(cfg.family, cfg.impl, args.optimizer, args.lr)
     if cfg.impl in FLOORS:
-      train_op = _floor_v1(cfg.impl, opt, variables, loss_fn)
+      train_op = _floor_v1(cfg.impl, opt, variables, loss_fn, tensor_loss=True)
     else:
       train_op = opt.minimize(loss_fn(), var_list=variables)
     init = tf.compat.v1.global_variables_initializer()
