@@ -290,3 +290,26 @@ def test_tf1_graph_cond_runs_what_the_taken_branch_makes_and_does_not_return():
     assert session.run(counters) == [1, 1]
     assert session.run(value, {pred: True}) == 1
     assert session.run(counters) == [1, 2]
+
+
+def test_eager_update_is_one_call_with_the_numbers_of_op_by_op(monkeypatch):
+  # Check, transition and both assigns in one call; the same states as op by op.
+  sequence = [[1.0, 2.0], [3e38, 3e38], [1.0, float("inf")], [float("nan"), 1.0], [0.5, 0.5]] * 2
+
+  def run(one_call):
+    monkeypatch.setattr(dynamic_scale, "_eager_one_call", lambda *_: one_call)
+    scale, counter = tf.Variable(4.0), tf.Variable(0, dtype=tf.int64)
+    states = []
+    for values in sequence:
+      _, finite = dynamic_scale.update_scale_variables(
+        scale, counter, [tf.constant(values), None], 2, 3.0
+      )
+      states.append((bool(finite), float(scale.numpy()), int(counter.numpy())))
+    return states
+
+  calls = dynamic_scale._check_and_step_call  # pylint: disable=protected-access
+  calls._concrete.clear()  # pylint: disable=protected-access
+  fused = run(True)
+  assert len(calls._concrete) == 1  # pylint: disable=protected-access
+  assert fused == run(False)
+  assert [f for f, _, _ in fused] == [True, True, False, False, True] * 2

@@ -429,6 +429,36 @@ def next_scale_and_counter(scale, counter, finite, growth_steps, multiplier):
 _next_state_call = OneCall(lambda state: next_scale_and_counter(*state))
 
 
+def _check_and_step(values, scale_handle, counter_handle, growth_steps, multiplier):
+  """`all_finite` and the transition, assigned to the two variables."""
+  finite = _all_finite(values)
+  scale = tf.raw_ops.ReadVariableOp(resource=scale_handle, dtype=tf.float32)
+  counter = tf.raw_ops.ReadVariableOp(resource=counter_handle, dtype=tf.int64)
+  next_scale, next_counter = next_scale_and_counter(
+    scale, counter, finite, growth_steps, multiplier
+  )
+  tf.raw_ops.AssignVariableOp(resource=scale_handle, value=next_scale)
+  tf.raw_ops.AssignVariableOp(resource=counter_handle, value=next_counter)
+  return finite
+
+
+# Eagerly, check and state update in one call (the check's grouping needs the
+# shapes): mlp1m, a tf_keras SGD step, 2.3 -> 1.2 ms of scale update.
+_check_and_step_call = OneCall(_check_and_step, static_shapes=True)
+
+
+def _eager_one_call(variables, grads):
+  """Whether the update can run as `_check_and_step_call`: eagerly outside
+  strategies, with resource variables and dense gradients (IndexedSlices
+  have new shapes every step)."""
+  return (
+    eager_outside_strategies()
+    and all(getattr(v, "handle", None) is not None for v in variables)
+    and any(g is not None for g in grads)
+    and not any(isinstance(g, tf.IndexedSlices) for g in grads)
+  )
+
+
 @tf.autograph.experimental.do_not_convert
 def replicas_all_finite(grads, grads_in_sync):
   """One finiteness decision shared by every replica and worker.
@@ -496,6 +526,17 @@ def update_scale_variables(
   """
   flat = tf.nest.flatten(grads)
   maybe_apply = None
+  if _eager_one_call((scale_var, counter_var), flat):
+    finite = _check_and_step_call(
+      [g for g in flat if g is not None],
+      scale_var.handle,
+      counter_var.handle,
+      tf.constant(growth_steps, tf.int64),  # Tensors, as below.
+      tf.constant(multiplier, tf.float32),
+    )
+    if apply_fn is not None:
+      cond(finite, apply_fn, skip_fn)
+    return None, finite
   if apply_fn is not None and _fuse_check_and_apply():
     finite = _apply_if_finite([_values(g) for g in flat if g is not None], apply_fn, skip_fn)
   else:
