@@ -443,7 +443,7 @@ def _check_and_step(values, scale_handle, counter_handle, growth_steps, multipli
 
 
 # Eagerly, check and state update in one call (the check's grouping needs the
-# shapes): mlp1m, a tf_keras SGD step, 2.3 -> 1.2 ms of scale update.
+# shapes): the update for 6 gradients of 1M floats in all, 1.55 -> 0.52 ms.
 _check_and_step_call = OneCall(_check_and_step, static_shapes=True)
 
 
