@@ -219,8 +219,12 @@ def _floor_grads(grads):
 def _floor_apply(impl, finite, apply):
   from tf_lossscale._src import dynamic_scale
 
-  if impl == "gated":  # What apply returns differs by optimizer: the branches return nothing.
-    return dynamic_scale.cond(finite, lambda: [apply()] and None, lambda: None)
+  if impl == "gated":
+
+    def apply_and_return_nothing():  # What apply returns differs by optimizer.
+      apply()
+
+    return dynamic_scale.cond(finite, apply_and_return_nothing, lambda: None)
   with tf.control_dependencies([finite]):
     return apply()
 
