@@ -16,14 +16,22 @@ setup(
   ),
   long_description=(HERE / "README.md").read_text(encoding="utf-8"),
   long_description_content_type="text/markdown",
-  packages=find_packages(include=["tf_lossscale", "tf_lossscale.*"]),
+  # tf_lossscale_upgrade: the migration tool, apart so that it starts without TensorFlow.
+  packages=find_packages(
+    include=["tf_lossscale", "tf_lossscale.*", "tf_lossscale_upgrade", "tf_lossscale_upgrade.*"]
+  ),
   python_requires=">=3.10",
   install_requires=["tensorflow>=2.16", "numpy", "absl-py"],
   extras_require={
     # tf_keras must match TensorFlow's minor version; pin both together.
     "tf-keras": ["tf-keras>=2.16"],
-    "test": ["pytest>=8", "pytest-xdist", "pytest-timeout", "hypothesis>=6", "ruff"],
+    # The source migration tool, `tf-lossscale-upgrade`.
+    "upgrade": ["libcst>=1.1"],
+    "test": ["pytest>=8", "pytest-xdist", "pytest-timeout", "hypothesis>=6", "ruff", "libcst>=1.1"],
     "docs": ["pdoc"],
+  },
+  entry_points={
+    "console_scripts": ["tf-lossscale-upgrade = tf_lossscale_upgrade:main"],
   },
   license="Apache-2.0",
   classifiers=[

@@ -1,0 +1,12 @@
+"""`tf-lossscale-upgrade`: rewrites TensorFlow 2.x-era loss-scaling code to tf_lossscale.
+
+This package is the tool's implementation. It imports neither TensorFlow nor
+tf_lossscale, so the command starts in a fraction of a second; the public
+spelling is `tf_lossscale.upgrade` (see its docstring), and the command is
+`tf-lossscale-upgrade` or `python -m tf_lossscale.upgrade`.
+"""
+
+from tf_lossscale_upgrade._cli import main
+from tf_lossscale_upgrade._rewrite import Finding, Result, upgrade_source
+
+__all__ = ["Finding", "Result", "main", "upgrade_source"]

@@ -1,0 +1,227 @@
+"""The `tf-lossscale-upgrade` command line."""
+
+import argparse
+import concurrent.futures
+import dataclasses
+import difflib
+import io
+import os
+import sys
+import tokenize
+
+import libcst as cst
+
+from tf_lossscale_upgrade import _names, _notebook, _rewrite
+
+_DESCRIPTION = """\
+Rewrites TensorFlow 2.x-era loss-scaling code (tf.keras.mixed_precision.LossScaleOptimizer,
+its experimental twin, the LossScale classes, compat.v1's MixedPrecisionLossScaleOptimizer,
+the graph rewrite, the experimental Keras policy API) to use tf_lossscale, which brings
+these APIs back on TensorFlow >= 2.16.
+
+Prints a unified diff by default. Every rewrite and every use it recognised but left for
+you is reported on stderr, one `path:line:column: message` line each (in a notebook,
+`path:cell_N:line:column:`, N counting all cells from 1)."""
+
+_EPILOG = """\
+exit status: 0 success; 1 with --check when a file would change; 2 on an error
+(unreadable file, invalid Python). Uses reported as "not rewritten" do not change it."""
+
+_SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
+
+# Below this many files, starting worker processes costs more than it saves.
+_PARALLEL_FROM = 16
+
+
+@dataclasses.dataclass
+class _FileResult:
+  """What happened to one input."""
+
+  path: str
+  old: str = ""
+  new: str = ""
+  diff: str = ""
+  report: tuple = ()  # (location, Finding) pairs
+  error: str = ""
+  encoding: str = "utf-8"
+
+  @property
+  def changed(self):
+    return not self.error and self.new != self.old
+
+
+def main(argv=None):
+  """Runs the command line; returns the exit status.
+
+  Args:
+    argv: The arguments (without the program name). Defaults to `sys.argv[1:]`.
+
+  Returns:
+    0 on success, 1 when `--check` finds a file to change, 2 on an error.
+  """
+  args = _parser().parse_args(argv)
+  if args.list_names:
+    sys.stdout.write(_names.markdown_table())
+    return 0
+  if not args.paths:
+    _parser().error("give files, directories, or - for stdin")
+  paths = []
+  for path in args.paths:
+    if path == "-" or not os.path.isdir(path):
+      paths.append(path)
+    else:
+      paths.extend(_walk(path))
+  results = _process(paths, args.jobs)
+  status = 0
+  for result in results:
+    if result.error:
+      print(f"{result.path}: error: {result.error}", file=sys.stderr)
+      status = 2
+      continue
+    if not args.quiet:
+      for location, finding in result.report:
+        print(f"{location}:{finding.column}: {finding.describe()}", file=sys.stderr)
+    if args.in_place:
+      _write(result)
+    elif result.changed and (not args.check or args.diff):
+      sys.stdout.write(result.diff)
+  if not args.quiet:
+    print(_summary(results, args), file=sys.stderr)
+  if status == 0 and args.check and any(r.changed for r in results):
+    status = 1
+  return status
+
+
+def _parser():
+  parser = argparse.ArgumentParser(
+    prog="tf-lossscale-upgrade",
+    description=_DESCRIPTION,
+    epilog=_EPILOG,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  parser.add_argument(
+    "paths", nargs="*", help=".py and .ipynb files, directories (searched recursively), - for stdin"
+  )
+  mode = parser.add_mutually_exclusive_group()
+  mode.add_argument(
+    "--in-place", "-i", action="store_true", help="rewrite the files (stdin: write to stdout)"
+  )
+  mode.add_argument(
+    "--check", action="store_true", help="change nothing; exit 1 if a file would change"
+  )
+  parser.add_argument("--diff", action="store_true", help="with --check, print the diff too")
+  parser.add_argument("--quiet", "-q", action="store_true", help="no report, errors only")
+  parser.add_argument(
+    "--jobs",
+    "-j",
+    type=int,
+    default=os.cpu_count() or 1,
+    help="worker processes for many files (default: one per CPU)",
+  )
+  parser.add_argument(
+    "--list-names", action="store_true", help="print the table of names rewritten, and exit"
+  )
+  return parser
+
+
+def _walk(root):
+  """The .py and .ipynb files under `root`, skipping hidden and virtualenv directories."""
+  found = []
+  for directory, subdirs, files in os.walk(root):
+    subdirs[:] = sorted(
+      d
+      for d in subdirs
+      if not d.startswith(".")
+      and d not in _SKIPPED_DIRS
+      and not os.path.exists(os.path.join(directory, d, "pyvenv.cfg"))
+    )
+    found += [os.path.join(directory, f) for f in sorted(files) if f.endswith((".py", ".ipynb"))]
+  return found
+
+
+def _process(paths, jobs):
+  files = [p for p in paths if p != "-"]
+  if jobs > 1 and len(files) >= _PARALLEL_FROM:
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+      done = dict(zip(files, pool.map(_upgrade_path, files, chunksize=16)))
+  else:
+    done = {}
+  return [done[p] if p in done else _upgrade_path(p) for p in paths]
+
+
+def _upgrade_path(path):
+  result = _FileResult(path)
+  try:
+    if path == "-":
+      result.path = "<stdin>"
+      raw = sys.stdin.buffer.read()
+    else:
+      with open(path, "rb") as f:
+        raw = f.read()
+    is_notebook = path.endswith(".ipynb")
+    if is_notebook:
+      result.old = raw.decode("utf-8")
+    else:
+      result.encoding = tokenize.detect_encoding(io.BytesIO(raw).readline)[0]
+      result.old = raw.decode(result.encoding)
+      is_notebook = path == "-" and _notebook.is_notebook(result.old)
+    (_upgrade_notebook if is_notebook else _upgrade_python)(result)
+  except (OSError, UnicodeDecodeError, SyntaxError, ValueError, cst.ParserSyntaxError) as error:
+    result.error = _error_text(error)
+  return result
+
+
+def _upgrade_python(result):
+  upgraded = _rewrite.upgrade_source(result.old)
+  result.new = upgraded.code
+  result.report = tuple((f"{result.path}:{f.line}", f) for f in upgraded.findings)
+  if result.changed:
+    result.diff = _diff(result.old, result.new, result.path)
+
+
+def _upgrade_notebook(result):
+  notebook = _notebook.Notebook(result.old)
+  changed, findings = notebook.upgrade()
+  result.report = tuple(
+    (f"{result.path}:cell_{cell + 1}:{finding.line}", finding) for cell, finding in findings
+  )
+  result.new = notebook.dumps(changed) if changed else result.old
+  result.diff = "".join(
+    _diff(notebook.cell_source(cell), source, f"{result.path}:cell_{cell + 1}")
+    for cell, source in sorted(changed.items())
+  )
+
+
+def _diff(old, new, name):
+  lines = difflib.unified_diff(
+    old.splitlines(keepends=True), new.splitlines(keepends=True), name, name
+  )
+  return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def _write(result):
+  if result.path == "<stdin>":  # a filter: the code goes on, changed or not
+    sys.stdout.write(result.new)
+    return
+  if not result.changed:
+    return
+  with open(result.path, "w", encoding=result.encoding, newline="") as f:
+    f.write(result.new)
+
+
+def _summary(results, args):
+  changed = [r for r in results if r.changed]
+  rewrites = sum(1 for r in changed for _, f in r.report if f.kind == _rewrite.REWRITE)
+  left = sum(1 for r in results for _, f in r.report if f.kind == _rewrite.NOT_REWRITTEN)
+  checks = sum(1 for r in results for _, f in r.report if f.kind == _rewrite.CHECK)
+  verb = "rewrote" if args.in_place else "would rewrite"
+  return (
+    f"tf-lossscale-upgrade: {len(results)} files, {verb} {len(changed)} "
+    f"({rewrites} names); {left} uses not rewritten, {checks} to check"
+  )
+
+
+def _error_text(error):
+  if isinstance(error, cst.ParserSyntaxError):
+    return f"not valid Python (line {error.raw_line}, column {error.raw_column}): {error.message}"
+  return str(error)

@@ -1,0 +1,711 @@
+"""Rewrites one Python source: TensorFlow's loss-scaling names become tf_lossscale's.
+
+How a name is found: libcst's scope analysis gives every import binding (`tf`,
+`mixed_precision`, `LossScaleOptimizer`, ...) and every reference to it, and a
+reference's attribute chain is resolved from the binding's import
+(`tf.keras.mixed_precision.LossScaleOptimizer` with `import tensorflow as tf` is
+`tensorflow.keras.mixed_precision.LossScaleOptimizer`). A name is rewritten only
+when every binding that can reach it resolves to a name in `_names.NAMES`.
+
+How it is rewritten, keeping the file's import style:
+- an import of a known name or of a loss-scaling module is rewritten in place
+  (`from tensorflow.keras.mixed_precision import experimental as mp` becomes
+  `from tf_lossscale.keras.mixed_precision import experimental as mp`) when every
+  use of it is ours, so the code using it is untouched;
+- otherwise each use is spelled out (`tf_lossscale.keras.mixed_precision.
+  LossScaleOptimizer`) and `import tf_lossscale` is added after the file's
+  TensorFlow import.
+"""
+
+import dataclasses
+import re
+
+import libcst as cst
+from libcst import helpers, metadata
+
+from tf_lossscale_upgrade import _names
+
+REWRITE = "rewrite"
+NOT_REWRITTEN = "not rewritten"
+CHECK = "check"
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+  """One line of the report.
+
+  Attributes:
+    line: 1-based line in the source.
+    column: 1-based column.
+    kind: `REWRITE` (done), `NOT_REWRITTEN` (recognised, left for a person) or
+      `CHECK` (rewritten, but something near it needs a person's look).
+    old: The name as written (a dotted name, or the module of an import).
+    new: What it became (REWRITE only).
+    reason: Why it was not rewritten, or what to check.
+  """
+
+  line: int
+  column: int
+  kind: str
+  old: str
+  new: str = ""
+  reason: str = ""
+
+  def describe(self):
+    """The report text after `path:line:column: `."""
+    if self.kind == REWRITE:
+      return f"{self.old} -> {self.new}"
+    return f"{self.kind}: {self.old}: {self.reason}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  """The rewritten code and its report."""
+
+  code: str
+  findings: tuple
+
+
+# Keras 3 code (TF >= 2.16) that already uses Keras 3's own LossScaleOptimizer:
+# its training-loop protocol is `scale_loss`, TF 2.4's was get_scaled_loss/get_unscaled_gradients.
+_KERAS3_PROTOCOL = re.compile(r"\.\s*scale_loss\b")
+_TF24_PROTOCOL = re.compile(r"\b(get_scaled_loss|get_unscaled_gradients)\b")
+_KERAS_LSO = frozenset(
+  f"{root}.keras.mixed_precision.LossScaleOptimizer"
+  for root in ("tensorflow", "tensorflow.compat.v1", "tensorflow.compat.v2")
+)
+
+_OURS = "tf_lossscale"
+
+
+def upgrade_source(code):
+  """Rewrites `code` (a Python module's text); returns a `Result`.
+
+  Raises:
+    libcst.ParserSyntaxError: If `code` is not valid Python.
+  """
+  if not _names.worth_parsing(code):
+    return Result(code, ())
+  module = cst.parse_module(code)
+  plan = _Planner(module, keras3_code=_is_keras3_code(code))
+  plan.run()
+  if not plan.changes():
+    return Result(code, tuple(plan.findings))
+  new_module = plan.wrapper.module.visit(_Applier(plan))
+  return Result(new_module.code, tuple(plan.findings))
+
+
+def _is_keras3_code(code):
+  return bool(_KERAS3_PROTOCOL.search(code)) and not _TF24_PROTOCOL.search(code)
+
+
+def _dotted(node):
+  return helpers.get_full_name_for_node(node)
+
+
+def _dotted_expr(name):
+  """`a.b.c` as a libcst expression."""
+  first, *rest = name.split(".")
+  expr = cst.Name(first)
+  for part in rest:
+    expr = cst.Attribute(value=expr, attr=cst.Name(part))
+  return expr
+
+
+@dataclasses.dataclass
+class _Binding:
+  """A name bound by an import: `tf`, `mixed_precision`, `tensorflow.compat.v1`."""
+
+  assignment: metadata.ImportAssignment
+  target: str  # what the name denotes, e.g. "tensorflow.keras.mixed_precision"
+  alias: cst.ImportAlias
+  statement: cst.CSTNode  # the Import or ImportFrom
+  dotted: bool  # `import a.b.c` without `as`: uses spell the whole path
+
+
+@dataclasses.dataclass
+class _Use:
+  """A reference through a binding, resolved as far as the known names go."""
+
+  access: metadata.Access
+  node: cst.CSTNode  # the expression naming `name`
+  name: str  # fully qualified TF name or module
+  kind: str  # "name" (in NAMES), "module" (a module used as a value), "unknown"
+
+
+class _Planner:
+  """Decides every rewrite of one module; `_Applier` then performs them."""
+
+  def __init__(self, module, keras3_code):
+    self.wrapper = metadata.MetadataWrapper(module, unsafe_skip_copy=True)
+    self.scopes = self.wrapper.resolve(metadata.ScopeProvider)
+    self.parents = self.wrapper.resolve(metadata.ParentNodeProvider)
+    self.positions = self.wrapper.resolve(metadata.PositionProvider)
+    self.keras3_code = keras3_code
+    self.findings = []
+    self.expressions = {}  # node -> replacement expression (dotted name)
+    self.aliases = {}  # ImportAlias -> new fully qualified name it imports
+    self.dropped_aliases = set()  # ImportAlias nodes to delete
+    self.prefix = _OURS  # how the file names tf_lossscale; None: the name is taken
+    self.has_import = False  # the file imports tf_lossscale already
+    self._bindings = {}  # ImportAssignment -> _Binding or None
+    self._planned = set()  # Access objects whose use was decided on
+    self._spelled_out = set()  # Access objects whose use became tf_lossscale.<name>
+    self._private_imports = []  # (binding, uses) of TF's private or gone modules
+
+  def changes(self):
+    return bool(self.expressions or self.aliases or self.dropped_aliases)
+
+  @property
+  def needs_import(self):
+    """Whether `import tf_lossscale` must be added."""
+    return bool(self.expressions) and not self.has_import
+
+  # Analysis ---------------------------------------------------------------
+
+  def run(self):
+    scopes = {scope for scope in self.scopes.values() if scope is not None}
+    bindings = []
+    for scope in scopes:
+      for assignment in scope.assignments:
+        binding = self._binding(assignment)
+        if binding is not None:
+          bindings.append(binding)
+    self._find_prefix(scopes)
+    bindings.sort(key=lambda b: self._position(b.alias))
+    for binding in bindings:
+      self._plan_binding(binding)
+    for binding, uses in self._private_imports:
+      self._plan_private_import(binding, uses)
+    self._plan_star_imports()
+    self.findings.sort(key=lambda f: (f.line, f.column))
+
+  def _binding(self, assignment):
+    if assignment in self._bindings:
+      return self._bindings[assignment]
+    binding = None
+    if isinstance(assignment, metadata.ImportAssignment):
+      binding = self._import_binding(assignment)
+    self._bindings[assignment] = binding
+    return binding
+
+  def _import_binding(self, assignment):
+    statement = assignment.node
+    if isinstance(statement, cst.Import):
+      for alias in statement.names:
+        full = _dotted(alias.name)
+        if alias.asname is not None:
+          if alias.asname.name.value == assignment.name:
+            return self._relevant(_Binding(assignment, full, alias, statement, dotted=False))
+        elif full == assignment.name or full.startswith(assignment.name + "."):
+          # `import a.b.c` binds `a`, `a.b` and `a.b.c` for the uses spelled so.
+          return self._relevant(_Binding(assignment, assignment.name, alias, statement, True))
+      return None
+    if statement.relative or isinstance(statement.names, cst.ImportStar):
+      return None
+    module = _dotted(statement.module)
+    for alias in statement.names:
+      bound = alias.evaluated_alias or alias.evaluated_name
+      if bound == assignment.name:
+        target = f"{module}.{alias.evaluated_name}"
+        return self._relevant(_Binding(assignment, target, alias, statement, dotted=False))
+    return None
+
+  def _relevant(self, binding):
+    target = binding.target
+    if target in _names.NAMES or target in _names.MODULES:
+      return binding
+    parent = target.rsplit(".", 1)[0]
+    if parent in _names.CLAIMED and not binding.dotted:
+      # e.g. `from tensorflow.python.keras.mixed_precision import autocast_variable`
+      self._report(binding.alias, NOT_REWRITTEN, target, reason=_no_equivalent(target))
+    return None
+
+  def _find_prefix(self, scopes):
+    """Finds how the file names tf_lossscale, and whether that name is free."""
+    imported, taken = [], False
+    for scope in scopes:
+      for assignment in scope.assignments:
+        if isinstance(scope, metadata.GlobalScope) and _ours_alias(assignment) is not None:
+          imported.append(assignment.name)
+        elif assignment.name == _OURS:
+          taken = True
+    if taken:
+      self.prefix = None
+    elif imported:
+      self.has_import = True
+      self.prefix = _OURS if _OURS in imported else sorted(imported)[0]
+
+  def _uses(self, binding):
+    uses = []
+    for access in binding.assignment.references:
+      node = access.node
+      if not isinstance(node, (cst.Name, cst.Attribute)):
+        continue  # a string annotation
+      uses.append(self._resolve(access, node, binding.target))
+    uses.sort(key=lambda use: self._position(use.node))
+    return uses
+
+  def _resolve(self, access, node, name):
+    """Follows `node`'s attribute chain from `name` as far as the known names go."""
+    while name not in _names.NAMES:
+      parent = self.parents.get(node)
+      if not (isinstance(parent, cst.Attribute) and parent.value is node):
+        return _Use(access, node, name, "module" if name in _names.MODULES else "unknown")
+      child = f"{name}.{parent.attr.value}"
+      if child not in _names.NAMES and child not in _names.MODULES:
+        return _Use(access, parent, child, "unknown")
+      node, name = parent, child
+    return _Use(access, node, name, "name")
+
+  # Decisions --------------------------------------------------------------
+
+  def _plan_binding(self, binding):
+    if binding.target in _names.NAMES:
+      self._plan_name_import(binding)
+      return
+    uses = self._uses(binding)
+    ours = _names.COUNTERPARTS.get(binding.target)
+    if ours is not None and not binding.dotted and self._whole_module(binding, uses, ours):
+      self._rewrite_alias(binding, ours)
+      self._check_subclasses(uses)
+      self._planned.update(use.access for use in uses)
+      return
+    for use in uses:
+      # A name bound by two imports (`import tensorflow`, `import tensorflow.x.y`)
+      # has its uses listed under both.
+      if use.access in self._planned:
+        continue
+      self._planned.add(use.access)
+      if self._plan_use(binding, use):
+        self._spelled_out.add(use.access)
+    if _names.is_private_or_gone(binding.target):
+      self._private_imports.append((binding, uses))
+
+  def _plan_name_import(self, binding):
+    """`from tensorflow.keras.mixed_precision import LossScaleOptimizer [as X]`."""
+    target = _names.NAMES[binding.target]
+    if target.alive:
+      return
+    if binding.target in _KERAS_LSO and self.keras3_code:
+      self._report(binding.alias, NOT_REWRITTEN, binding.target, reason=_KERAS3_REASON)
+      return
+    self._rewrite_alias(binding, target.name)
+    self._check_subclasses(self._uses(binding))
+
+  def _whole_module(self, binding, uses, ours):
+    """Whether the import of `binding` can simply import `ours` instead."""
+    needed = binding.target in _names.GONE
+    for use in uses:
+      relative = use.name[len(binding.target) :]
+      if use.kind == "name":
+        target = _names.NAMES[use.name]
+        if target.name != ours + relative:
+          return False
+        if use.name in _KERAS_LSO and self.keras3_code:
+          return False
+        needed = needed or not target.alive
+      elif use.kind == "module":
+        if use.name not in _names.COMPLETE or _names.COUNTERPARTS[use.name] != ours + relative:
+          return False
+        needed = True
+      else:
+        return False
+    return needed
+
+  def _plan_use(self, binding, use):
+    """Spells out one use as `tf_lossscale.<name>`; returns whether it did."""
+    if use.kind == "unknown":
+      module = use.name.rsplit(".", 1)[0]
+      if module in _names.CLAIMED:
+        self._report(use.node, NOT_REWRITTEN, _dotted(use.node), reason=_no_equivalent(use.name))
+      return False
+    if use.kind == "module":
+      if use.name in _names.COMPLETE:
+        return self._spell_out(binding, use, _names.COUNTERPARTS[use.name])
+      if _names.COUNTERPARTS.get(use.name) or use.name in _names.CLAIMED:
+        self._report(
+          use.node,
+          NOT_REWRITTEN,
+          _dotted(use.node),
+          reason="a loss-scaling module used as a value: the names taken from it cannot "
+          "be followed; use the tf_lossscale module of the same name",
+        )
+      return False
+    target = _names.NAMES[use.name]
+    if target.alive:
+      return False
+    if use.name in _KERAS_LSO and self.keras3_code:
+      self._report(use.node, NOT_REWRITTEN, _dotted(use.node), reason=_KERAS3_REASON)
+      return False
+    done = self._spell_out(binding, use, target.name)
+    if done:
+      self._check_subclasses([use])
+    return done
+
+  def _spell_out(self, binding, use, new_name):
+    old = _dotted(use.node)
+    reason = self._unsafe_use(binding, use, new_name)
+    if reason:
+      self._report(use.node, NOT_REWRITTEN, old, reason=reason)
+      return False
+    self.expressions[use.node] = _dotted_expr(self.prefix + new_name[len(_OURS) :])
+    self._report(use.node, REWRITE, old, new=new_name)
+    return True
+
+  def _unsafe_use(self, binding, use, new_name):
+    """Why spelling out `use` would be wrong, or None."""
+    if self.prefix is None:
+      return "the name tf_lossscale is bound to something else in this file"
+    relative = use.name[len(binding.target) :]
+    for other in use.access.referents:
+      if other is binding.assignment:
+        continue
+      other_binding = self._binding(other)
+      other_target = None
+      if other_binding is not None:
+        other_name = other_binding.target + relative
+        known = _names.NAMES.get(other_name)
+        if known is not None:
+          other_target = known.name
+        elif other_name in _names.COUNTERPARTS:
+          other_target = _names.COUNTERPARTS[other_name]
+      if other_target is None or not _names.same_object(other_target, new_name):
+        line = self._position(other.node)[0]
+        return (
+          f"`{other.name}` is also bound on line {line} to something else: "
+          "cannot tell which one this is"
+        )
+    parent = self.parents.get(use.node)
+    if _is_store_target(use.node, parent):
+      return "assigned to or deleted: patching TensorFlow's module cannot be migrated"
+    return None
+
+  def _check_subclasses(self, uses):
+    """A subclass of TF's class that overrides TF's private methods needs a look."""
+    for use in uses:
+      arg = self.parents.get(use.node)
+      class_def = self.parents.get(arg)
+      if not (isinstance(arg, cst.Arg) and isinstance(class_def, cst.ClassDef)):
+        continue
+      if arg not in class_def.bases:
+        continue
+      private = [
+        statement.name.value
+        for statement in class_def.body.body
+        if isinstance(statement, cst.FunctionDef)
+        and statement.name.value.startswith("_")
+        and not statement.name.value.endswith("__")
+      ]
+      if private:
+        self._report(
+          use.node,
+          CHECK,
+          _dotted(use.node),
+          reason=f"class {class_def.name.value} overrides {', '.join(private)}: TensorFlow's "
+          "private methods, which tf_lossscale's class does not have; port them by hand",
+        )
+
+  def _rewrite_alias(self, binding, new_name):
+    self.aliases[binding.alias] = new_name
+    old = binding.target
+    self._report(binding.alias, REWRITE, old, new=new_name)
+
+  def _plan_private_import(self, binding, uses):
+    """Deletes an import of TF's private (or gone) module once nothing needs it."""
+    if binding.alias in self.aliases or binding.alias in self.dropped_aliases:
+      return
+    left = [use for use in uses if use.access not in self._spelled_out]
+    # An import nothing used is only removed when it would fail (a module gone from TF).
+    worth = len(left) < len(uses) or binding.target in _names.GONE
+    if worth and not left and (not binding.dotted or self._only_user(binding)):
+      self.dropped_aliases.add(binding.alias)
+      self._report(binding.alias, REWRITE, binding.target, new="(import removed: unused now)")
+    elif binding.target in _names.GONE:
+      self._report(
+        binding.alias,
+        NOT_REWRITTEN,
+        binding.target,
+        reason="today's TensorFlow has no such module, and the uses reported here keep it",
+      )
+
+  def _only_user(self, binding):
+    """Whether `import a.b.c` (of `binding`) can go: nothing else needs `a`, `a.b`."""
+    full = _dotted(binding.alias.name)
+    # `import a.b.c` also binds `a` and `a.b`, which another import may bind too.
+    for assignment in binding.assignment.scope.assignments:
+      if not (
+        isinstance(assignment, metadata.ImportAssignment)
+        and assignment.node is binding.statement
+        and (full + ".").startswith(assignment.name + ".")
+      ):
+        continue
+      for access in assignment.references:
+        if access in self._spelled_out:
+          continue
+        if not any(
+          isinstance(other, metadata.ImportAssignment) and other.node is not binding.statement
+          for other in access.referents
+        ):
+          return False
+    return True
+
+  def _plan_star_imports(self):
+    for node in self.parents:
+      if not (
+        isinstance(node, cst.ImportFrom)
+        and isinstance(node.names, cst.ImportStar)
+        and not node.relative
+      ):
+        continue
+      module = _dotted(node.module)
+      if module in _names.COMPLETE:
+        self.aliases[node] = _names.COUNTERPARTS[module]
+        self._report(node, REWRITE, module, new=_names.COUNTERPARTS[module])
+      elif module in _names.MODULES and (module in _names.COUNTERPARTS or module in _names.CLAIMED):
+        self._report(
+          node,
+          NOT_REWRITTEN,
+          module,
+          reason="a star import of a module tf_lossscale mirrors only in part; "
+          "import the names you use",
+        )
+
+  # Helpers ---------------------------------------------------------------
+
+  def _position(self, node):
+    start = self.positions[node].start
+    return start.line, start.column + 1
+
+  def _report(self, node, kind, old, new="", reason=""):
+    line, column = self._position(node)
+    self.findings.append(Finding(line, column, kind, old, new, reason))
+
+
+_KERAS3_REASON = (
+  "this file uses Keras 3's `scale_loss` protocol, so this is Keras 3's own "
+  "LossScaleOptimizer, which today's TensorFlow has"
+)
+
+
+def _no_equivalent(name):
+  return f"tf_lossscale has no equivalent of {name}; port this use by hand"
+
+
+def _ours_alias(assignment):
+  """The alias of `import tf_lossscale [as x]` behind `assignment`, or None."""
+  if not (
+    isinstance(assignment, metadata.ImportAssignment) and isinstance(assignment.node, cst.Import)
+  ):
+    return None
+  for alias in assignment.node.names:
+    full = _dotted(alias.name)
+    bound = alias.evaluated_alias
+    if bound == assignment.name and full == _OURS:
+      return alias
+    if bound is None and assignment.name == _OURS and full.split(".")[0] == _OURS:
+      return alias
+  return None
+
+
+def _is_store_target(node, parent):
+  """Whether `node` is assigned to or deleted (`tf.x.Y = ...`, `del tf.x.Y`)."""
+  if isinstance(parent, cst.AssignTarget) and parent.target is node:
+    return True
+  if isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is node:
+    return True
+  if isinstance(parent, cst.Del) and parent.target is node:
+    return True
+  return False
+
+
+class _Applier(cst.CSTTransformer):
+  """Performs a `_Planner`'s decisions on the module it analysed."""
+
+  def __init__(self, plan):
+    super().__init__()
+    self.plan = plan
+    self._removed = []  # statement lines left empty: deleted by their block
+
+  def leave_Name(self, original_node, updated_node):
+    return self._replace(original_node, updated_node)
+
+  def leave_Attribute(self, original_node, updated_node):
+    return self._replace(original_node, updated_node)
+
+  def _replace(self, original_node, updated_node):
+    new = self.plan.expressions.get(original_node)
+    if new is None:
+      return updated_node
+    return new.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
+
+  def leave_Import(self, original_node, updated_node):
+    names = []
+    for original, updated in zip(original_node.names, updated_node.names):
+      new = self.plan.aliases.get(original)
+      if original not in self.plan.dropped_aliases:
+        names.append(updated if new is None else updated.with_changes(name=_dotted_expr(new)))
+    if not names:  # the statement line drops the whole statement
+      return updated_node
+    return updated_node.with_changes(names=_with_commas(names, updated_node.names))
+
+  def leave_SimpleStatementLine(self, original_node, updated_node):
+    body, extra = [], []
+    for original, updated in zip(original_node.body, updated_node.body):
+      if isinstance(original, cst.ImportFrom):
+        first, *others = self._import_from(original, updated)
+        if first is not None:
+          body.append(first)
+        extra += [cst.SimpleStatementLine(body=[statement]) for statement in others]
+      elif not (
+        isinstance(original, cst.Import)
+        and all(alias in self.plan.dropped_aliases for alias in original.names)
+      ):
+        body.append(updated)
+    if not body and not extra:
+      self._removed.append(updated_node)
+      return updated_node
+    if not body:
+      first, *extra = extra
+      body = first.body
+    line = updated_node.with_changes(body=_with_semicolons(body))
+    return cst.FlattenSentinel([line, *extra]) if extra else line
+
+  def _import_from(self, original, updated):
+    """`updated` rewritten: one statement or more (or a None first: deleted)."""
+    if isinstance(original.names, cst.ImportStar):
+      new = self.plan.aliases.get(original)
+      return [updated if new is None else updated.with_changes(module=_dotted_expr(new))]
+    kept, groups = [], {}
+    for original_alias, alias in zip(original.names, updated.names):
+      if original_alias in self.plan.dropped_aliases:
+        continue
+      new = self.plan.aliases.get(original_alias)
+      if new is None:
+        kept.append(alias)
+        continue
+      module, leaf = new.rsplit(".", 1)
+      bound = original_alias.evaluated_alias or original_alias.evaluated_name
+      alias = alias.with_changes(name=cst.Name(leaf))
+      if alias.asname is None and leaf != bound:
+        alias = alias.with_changes(asname=cst.AsName(name=cst.Name(bound)))
+      groups.setdefault(module, []).append(alias)
+    statements = []
+    if kept:
+      statements.append(updated.with_changes(names=_with_commas(kept, updated.names)))
+    for module, aliases in groups.items():
+      if statements:
+        statements.append(
+          cst.ImportFrom(module=_dotted_expr(module), names=_with_commas(aliases, []))
+        )
+      else:  # the statement itself, keeping its layout
+        statements.append(
+          updated.with_changes(
+            module=_dotted_expr(module), names=_with_commas(aliases, updated.names)
+          )
+        )
+    return statements or [None]
+
+  def leave_IndentedBlock(self, original_node, updated_node):
+    body, carried = self._drop_removed(updated_node.body)
+    if not body:
+      body = [cst.SimpleStatementLine(body=[cst.Pass()])]
+    return updated_node.with_changes(body=body, footer=[*carried, *updated_node.footer])
+
+  def leave_Module(self, original_node, updated_node):
+    body, carried = self._drop_removed(updated_node.body)
+    if self.plan.needs_import:
+      body = _insert_import(body)
+    return updated_node.with_changes(body=body, footer=[*carried, *updated_node.footer])
+
+  def _drop_removed(self, body):
+    """Removes emptied statement lines; their comment lines go to the next statement.
+
+    Returns:
+      The new body and the comment lines left over at its end.
+    """
+    new, carried = [], []
+    for statement in body:
+      if any(statement is removed for removed in self._removed):
+        carried += [line for line in statement.leading_lines if line.comment is not None]
+        continue
+      if carried:
+        statement = statement.with_changes(leading_lines=[*carried, *statement.leading_lines])
+        carried = []
+      new.append(statement)
+    return new, carried
+
+
+def _with_commas(items, original):
+  """`items` (aliases) separated by commas, the last one as the original's last."""
+  last_comma = original[-1].comma if original else cst.MaybeSentinel.DEFAULT
+  out = []
+  for index, item in enumerate(items):
+    if index == len(items) - 1:
+      out.append(item.with_changes(comma=last_comma))
+    elif isinstance(item.comma, cst.MaybeSentinel):
+      out.append(item.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))))
+    else:
+      out.append(item)
+  return out
+
+
+def _with_semicolons(statements):
+  out = []
+  for index, statement in enumerate(statements):
+    last = index == len(statements) - 1
+    if last:
+      out.append(statement.with_changes(semicolon=cst.MaybeSentinel.DEFAULT))
+    elif isinstance(statement.semicolon, cst.MaybeSentinel):
+      out.append(
+        statement.with_changes(semicolon=cst.Semicolon(whitespace_after=cst.SimpleWhitespace(" ")))
+      )
+    else:
+      out.append(statement)
+  return out
+
+
+def _imported_modules(statement):
+  """The modules a module-level statement imports (looking into try/if blocks)."""
+  if isinstance(statement, cst.SimpleStatementLine):
+    for small in statement.body:
+      if isinstance(small, cst.Import):
+        yield from (_dotted(alias.name) for alias in small.names)
+      elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+        yield _dotted(small.module)
+  elif isinstance(statement, (cst.Try, cst.If)):
+    blocks = [statement.body]
+    if isinstance(statement, cst.Try):
+      blocks += [handler.body for handler in statement.handlers]
+    elif statement.orelse is not None:
+      blocks.append(statement.orelse.body)
+    for block in blocks:
+      for inner in block.body:
+        yield from _imported_modules(inner)
+
+
+def _insert_import(body):
+  """`body` with `import tf_lossscale` after the TensorFlow imports."""
+  line = cst.SimpleStatementLine(body=[cst.Import(names=[cst.ImportAlias(name=cst.Name(_OURS))])])
+  after = None
+  for index, statement in enumerate(body):
+    modules = list(_imported_modules(statement))
+    if any(m.split(".")[0] in ("tensorflow", _OURS) for m in modules):
+      after = index
+  if after is None:
+    # After the leading docstring, `__future__` and other imports.
+    after = -1
+    for index, statement in enumerate(body):
+      if list(_imported_modules(statement)) or (index == 0 and _is_docstring(statement)):
+        after = index
+      else:
+        break
+  return [*body[: after + 1], line, *body[after + 1 :]]
+
+
+def _is_docstring(statement):
+  return (
+    isinstance(statement, cst.SimpleStatementLine)
+    and isinstance(statement.body[0], cst.Expr)
+    and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+  )
