@@ -203,7 +203,7 @@ def test_report_lists_rewrites_and_uses_left_with_reasons(project):
     "tf_lossscale.keras.mixed_precision.experimental",
   ]
   assert result.stderr.splitlines()[-1] == (
-    "tf-lossscale-upgrade: 3 files, would rewrite 2 (5 names); 7 uses not rewritten, 1 to check"
+    "tf-lossscale-upgrade: 3 files, would rewrite 2 (5 changes); 7 uses not rewritten, 1 to check"
   )
   assert result.returncode == 1
 

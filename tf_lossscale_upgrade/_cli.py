@@ -217,7 +217,7 @@ def _summary(results, args):
   verb = "rewrote" if args.in_place else "would rewrite"
   return (
     f"tf-lossscale-upgrade: {len(results)} files, {verb} {len(changed)} "
-    f"({rewrites} names); {left} uses not rewritten, {checks} to check"
+    f"({rewrites} changes); {left} uses not rewritten, {checks} to check"
   )
 
 

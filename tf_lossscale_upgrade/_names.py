@@ -256,14 +256,16 @@ def is_private_or_gone(module):
   return module.startswith(_PRIVATE_ROOT) or module in GONE
 
 
-_WORTH_PARSING = re.compile(r"mixed_precision|LossScale|loss_scale|[Pp]olicy")
+_WORTH_PARSING = re.compile(r"mixed_precision|LossScale|loss_scale")
 
 
 def worth_parsing(code):
   """A cheap test: False means the code cannot use any name in NAMES.
 
-  Every name in NAMES, or the module it is imported from, contains one of the
-  words searched for, and resolving it needs an import of `tensorflow`.
+  Resolving a name needs an import of `tensorflow`, and the path to every name
+  in NAMES spells one of the words searched for: in the name (`LossScale...`),
+  or in a module on the way, which the import or the attribute chain spells
+  (the policy functions are all under a `mixed_precision` module).
   """
   return "tensorflow" in code and _WORTH_PARSING.search(code) is not None
 

@@ -138,9 +138,10 @@ class _Planner:
 
   def __init__(self, module, keras3_code):
     self.wrapper = metadata.MetadataWrapper(module, unsafe_skip_copy=True)
-    self.scopes = self.wrapper.resolve(metadata.ScopeProvider)
-    self.parents = self.wrapper.resolve(metadata.ParentNodeProvider)
-    self.positions = self.wrapper.resolve(metadata.PositionProvider)
+    resolved = self.wrapper.resolve_many([metadata.ScopeProvider, metadata.PositionProvider])
+    self.scopes = resolved[metadata.ScopeProvider]
+    self.positions = resolved[metadata.PositionProvider]
+    self.parents = _parents(module)
     self.keras3_code = keras3_code
     self.findings = []
     self.expressions = {}  # node -> replacement expression (dotted name)
@@ -519,6 +520,30 @@ def _is_store_target(node, parent):
   return False
 
 
+class _ParentRecorder(cst.CSTVisitor):
+  """Records each node's parent (cheaper than libcst's ParentNodeProvider)."""
+
+  def __init__(self):
+    super().__init__()
+    self.parents = {}
+    self._stack = []
+
+  def on_visit(self, node):
+    if self._stack:
+      self.parents[node] = self._stack[-1]
+    self._stack.append(node)
+    return True
+
+  def on_leave(self, original_node):
+    self._stack.pop()
+
+
+def _parents(module):
+  recorder = _ParentRecorder()
+  module.visit(recorder)
+  return recorder.parents
+
+
 class _Applier(cst.CSTTransformer):
   """Performs a `_Planner`'s decisions on the module it analysed."""
 
@@ -526,6 +551,15 @@ class _Applier(cst.CSTTransformer):
     super().__init__()
     self.plan = plan
     self._removed = []  # statement lines left empty: deleted by their block
+    # Only the way down to a change is visited: the rest of the tree stays as it is.
+    self._on_the_way = set()
+    for node in [*plan.expressions, *plan.aliases, *plan.dropped_aliases]:
+      while node is not None and node not in self._on_the_way:
+        self._on_the_way.add(node)
+        node = plan.parents.get(node)
+
+  def on_visit(self, node):
+    return node in self._on_the_way and super().on_visit(node)
 
   def leave_Name(self, original_node, updated_node):
     return self._replace(original_node, updated_node)
