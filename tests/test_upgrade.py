@@ -111,6 +111,30 @@ def test_notebook_keeps_its_json_layout_and_other_cells():
   assert after_text == json.dumps(after, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+def test_notebook_with_string_sources_and_its_own_layout(tmp_path):
+  notebook = {
+    "nbformat": 4,
+    "cells": [
+      {"cell_type": "code", "source": "%load_ext autoreload\nimport tensorflow as tf"},
+      {"cell_type": "markdown", "source": "tf.keras.mixed_precision.LossScaleOptimizer"},
+      {
+        "cell_type": "code",
+        "source": "opt = tf.keras.mixed_precision.LossScaleOptimizer(o)\n%time 1",
+      },
+    ],
+  }
+  path = tmp_path / "nb.ipynb"
+  path.write_text(json.dumps(notebook, indent=2))
+  result = _tool("--in-place", str(path))
+  assert result.returncode == 0, result.stderr
+  notebook["cells"][0]["source"] += "\nimport tf_lossscale"
+  notebook["cells"][2]["source"] = (
+    "opt = tf_lossscale.keras.mixed_precision.LossScaleOptimizer(o)\n%time 1"
+  )
+  assert path.read_text() == json.dumps(notebook, indent=2)
+  assert f"{path}:cell_3:1:7: tf.keras.mixed_precision.LossScaleOptimizer" in result.stderr
+
+
 # The command line ---------------------------------------------------------------
 
 
@@ -177,8 +201,7 @@ def test_report_lists_rewrites_and_uses_left_with_reasons(project):
     " tf_lossscale has no equivalent of tensorflow.python.keras.mixed_precision.autocast_variable;"
     " port this use by hand",
     "unsafe_uses.py:15:19: not rewritten: tf.keras.mixed_precision: a loss-scaling module used as "
-    "a value: the names taken from it cannot be followed; use the tf_lossscale module of the same "
-    "name",
+    "a value: the names later taken from it cannot be followed; migrate them by hand",
     "unsafe_uses.py:18:25: tf.mixed_precision.experimental.DynamicLossScale -> "
     "tf_lossscale.mixed_precision.experimental.DynamicLossScale",
     "unsafe_uses.py:26:24: tf.keras.mixed_precision.LossScaleOptimizer -> "
@@ -206,6 +229,18 @@ def test_report_lists_rewrites_and_uses_left_with_reasons(project):
     "tf-lossscale-upgrade: 3 files, would rewrite 2 (5 changes); 7 uses not rewritten, 1 to check"
   )
   assert result.returncode == 1
+
+
+def test_in_place_keeps_the_encoding_and_line_endings(tmp_path):
+  path = tmp_path / "legacy.py"
+  before = (
+    "# -*- coding: latin-1 -*-\r\n# Mod\xe8le\r\nimport tensorflow as tf\r\n"
+    "s = tf.mixed_precision.experimental.FixedLossScale(8)\r\n"
+  )
+  path.write_bytes(before.encode("latin-1"))
+  assert _tool("--in-place", "--quiet", str(path)).returncode == 0
+  after = before.replace("tf\r\ns = tf.", "tf\r\nimport tf_lossscale\r\ns = tf_lossscale.")
+  assert path.read_bytes() == after.encode("latin-1")
 
 
 def test_invalid_python_is_an_error_and_other_files_still_go(tmp_path):
@@ -330,6 +365,19 @@ CASES = {
     "from tensorflow.keras.mixed_precision import DTypePolicy\n"
     "from tf_lossscale.keras.mixed_precision import LossScaleOptimizer\n",
   ),
+  "a parenthesised import split": (
+    "from tensorflow.keras.mixed_precision import (\n"
+    "    DTypePolicy,  # Keras 3's\n"
+    "    LossScaleOptimizer,\n"
+    "    experimental,\n"
+    ")\n"
+    "x = experimental.LossScaleOptimizer\n",
+    "from tensorflow.keras.mixed_precision import (\n"
+    "    DTypePolicy,  # Keras 3's\n"
+    ")\n"
+    "from tf_lossscale.keras.mixed_precision import LossScaleOptimizer, experimental\n"
+    "x = experimental.LossScaleOptimizer\n",
+  ),
   "a policy name today's TF has is left alone": (
     "from tensorflow.keras.mixed_precision import set_global_policy\n"
     "import tensorflow as tf\ntf.keras.mixed_precision.global_policy()\n",
@@ -347,6 +395,16 @@ CASES = {
     "# the v1 optimizer\n"
     "c = tf_lossscale.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer\n"
     "d = tf.constant(1)\n",
+  ),
+  "a use on the line of the import": (
+    "import tensorflow as tf; x = tf.mixed_precision.experimental.LossScale\n",
+    "import tf_lossscale\nimport tensorflow as tf; x = tf_lossscale.mixed_precision.experimental.LossScale\n",
+  ),
+  "no module-level import: under the file's header": (
+    "# Copyright 2020\ndef f():\n  import tensorflow as tf\n"
+    "  return tf.mixed_precision.experimental.LossScale\n",
+    "# Copyright 2020\nimport tf_lossscale\ndef f():\n  import tensorflow as tf\n"
+    "  return tf_lossscale.mixed_precision.experimental.LossScale\n",
   ),
   "windows line endings": (
     "import tensorflow as tf\r\nx = tf.mixed_precision.experimental.LossScale\r\n",

@@ -60,7 +60,12 @@ class Finding:
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-  """The rewritten code and its report."""
+  """What `upgrade_source` did.
+
+  Attributes:
+    code: The rewritten code.
+    findings: A tuple of `Finding`, in source order.
+  """
 
   code: str
   findings: tuple
@@ -79,7 +84,14 @@ _OURS = "tf_lossscale"
 
 
 def upgrade_source(code):
-  """Rewrites `code` (a Python module's text); returns a `Result`.
+  """Rewrites TF 2.x-era loss-scaling names in one Python module's text.
+
+  Args:
+    code: The module's source code.
+
+  Returns:
+    A `Result`: the new code (`code` itself when nothing changes) and the
+    findings, one per rewrite and per use left for a person, in source order.
 
   Raises:
     libcst.ParserSyntaxError: If `code` is not valid Python.
@@ -161,6 +173,26 @@ class _Planner:
   def needs_import(self):
     """Whether `import tf_lossscale` must be added."""
     return bool(self.expressions) and not self.has_import
+
+  @property
+  def import_place(self):
+    """`(module-level statement, "before" or "after")`: where `import tf_lossscale` goes.
+
+    After the file's TensorFlow imports, unless a spelled-out name is used earlier.
+    """
+    body = list(self.wrapper.module.body)
+    anchor = _import_anchor(body, self.dropped_aliases)
+    first_use = min(body.index(self._top_level(node)) for node in self.expressions)
+    if first_use <= anchor:
+      return body[first_use], "before"
+    if anchor < 0:
+      return body[0], "before"
+    return body[anchor], "after"
+
+  def _top_level(self, node):
+    while not isinstance(self.parents[node], cst.Module):
+      node = self.parents[node]
+    return node
 
   # Analysis ---------------------------------------------------------------
 
@@ -329,8 +361,8 @@ class _Planner:
           use.node,
           NOT_REWRITTEN,
           _dotted(use.node),
-          reason="a loss-scaling module used as a value: the names taken from it cannot "
-          "be followed; use the tf_lossscale module of the same name",
+          reason="a loss-scaling module used as a value: the names later taken from it "
+          "cannot be followed; migrate them by hand",
         )
       return False
     target = _names.NAMES[use.name]
@@ -551,6 +583,7 @@ class _Applier(cst.CSTTransformer):
     super().__init__()
     self.plan = plan
     self._removed = []  # statement lines left empty: deleted by their block
+    self._import_place = plan.import_place if plan.needs_import else (None, None)
     # Only the way down to a change is visited: the rest of the tree stays as it is.
     self._on_the_way = set()
     for node in [*plan.expressions, *plan.aliases, *plan.dropped_aliases]:
@@ -581,7 +614,7 @@ class _Applier(cst.CSTTransformer):
         names.append(updated if new is None else updated.with_changes(name=_dotted_expr(new)))
     if not names:  # the statement line drops the whole statement
       return updated_node
-    return updated_node.with_changes(names=_with_commas(names, updated_node.names))
+    return updated_node.with_changes(names=_with_commas(names))
 
   def leave_SimpleStatementLine(self, original_node, updated_node):
     body, extra = [], []
@@ -610,6 +643,7 @@ class _Applier(cst.CSTTransformer):
     if isinstance(original.names, cst.ImportStar):
       new = self.plan.aliases.get(original)
       return [updated if new is None else updated.with_changes(module=_dotted_expr(new))]
+    closing = updated.names[-1].comma if updated.lpar else None
     kept, groups = [], {}
     for original_alias, alias in zip(original.names, updated.names):
       if original_alias in self.plan.dropped_aliases:
@@ -626,17 +660,14 @@ class _Applier(cst.CSTTransformer):
       groups.setdefault(module, []).append(alias)
     statements = []
     if kept:
-      statements.append(updated.with_changes(names=_with_commas(kept, updated.names)))
+      statements.append(updated.with_changes(names=_with_commas(kept, closing)))
     for module, aliases in groups.items():
-      if statements:
-        statements.append(
-          cst.ImportFrom(module=_dotted_expr(module), names=_with_commas(aliases, []))
-        )
+      if statements:  # a new statement on one line
+        aliases = [alias.with_changes(comma=cst.MaybeSentinel.DEFAULT) for alias in aliases]
+        statements.append(cst.ImportFrom(module=_dotted_expr(module), names=_with_commas(aliases)))
       else:  # the statement itself, keeping its layout
         statements.append(
-          updated.with_changes(
-            module=_dotted_expr(module), names=_with_commas(aliases, updated.names)
-          )
+          updated.with_changes(module=_dotted_expr(module), names=_with_commas(aliases, closing))
         )
     return statements or [None]
 
@@ -648,9 +679,21 @@ class _Applier(cst.CSTTransformer):
 
   def leave_Module(self, original_node, updated_node):
     body, carried = self._drop_removed(updated_node.body)
-    if self.plan.needs_import:
-      body = _insert_import(body)
     return updated_node.with_changes(body=body, footer=[*carried, *updated_node.footer])
+
+  def on_leave(self, original_node, updated_node):
+    result = super().on_leave(original_node, updated_node)
+    statement, where = self._import_place
+    if original_node is not statement:
+      return result
+    nodes = list(result.nodes) if isinstance(result, cst.FlattenSentinel) else [result]
+    line = cst.SimpleStatementLine(body=[cst.Import(names=[cst.ImportAlias(name=cst.Name(_OURS))])])
+    if where == "after":
+      return cst.FlattenSentinel([*nodes, line])
+    # Before the statement, under its comments (a file's header, a notebook's cell mark).
+    first = nodes[0]
+    line = line.with_changes(leading_lines=first.leading_lines)
+    return cst.FlattenSentinel([line, first.with_changes(leading_lines=[]), *nodes[1:]])
 
   def _drop_removed(self, body):
     """Removes emptied statement lines; their comment lines go to the next statement.
@@ -670,18 +713,44 @@ class _Applier(cst.CSTTransformer):
     return new, carried
 
 
-def _with_commas(items, original):
-  """`items` (aliases) separated by commas, the last one as the original's last."""
-  last_comma = original[-1].comma if original else cst.MaybeSentinel.DEFAULT
+def _with_commas(items, closing=None):
+  """`items` (import aliases) separated by commas.
+
+  Args:
+    items: The aliases.
+    closing: In a parenthesized import, the comma (or MaybeSentinel) that
+      followed the original last alias, for the new last one; None without
+      parentheses (no trailing comma then).
+  """
   out = []
   for index, item in enumerate(items):
-    if index == len(items) - 1:
-      out.append(item.with_changes(comma=last_comma))
-    elif isinstance(item.comma, cst.MaybeSentinel):
-      out.append(item.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))))
-    else:
+    if index < len(items) - 1:
+      if isinstance(item.comma, cst.MaybeSentinel):
+        item = item.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
       out.append(item)
+    elif closing is None:
+      out.append(item.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+    else:
+      out.append(_last_in_parentheses(item, closing))
   return out
+
+
+def _last_in_parentheses(item, closing):
+  """`item` as the last alias before `)`, keeping a comment after its comma."""
+  own = item.comma
+  if not (
+    isinstance(own, cst.Comma)
+    and isinstance(own.whitespace_after, cst.ParenthesizedWhitespace)
+    and own.whitespace_after.first_line.comment is not None
+  ):
+    return item.with_changes(comma=closing)
+  last_line = cst.SimpleWhitespace("")  # `)` at the start of its line
+  if isinstance(closing, cst.Comma) and isinstance(
+    closing.whitespace_after, cst.ParenthesizedWhitespace
+  ):
+    last_line = closing.whitespace_after.last_line
+  whitespace = own.whitespace_after.with_changes(last_line=last_line)
+  return item.with_changes(comma=own.with_changes(whitespace_after=whitespace))
 
 
 def _with_semicolons(statements):
@@ -718,13 +787,19 @@ def _imported_modules(statement):
         yield from _imported_modules(inner)
 
 
-def _insert_import(body):
-  """`body` with `import tf_lossscale` after the TensorFlow imports."""
-  line = cst.SimpleStatementLine(body=[cst.Import(names=[cst.ImportAlias(name=cst.Name(_OURS))])])
+def _import_anchor(body, dropped):
+  """The index of the statement `import tf_lossscale` goes after (-1: the top).
+
+  Statements made only of the imports in `dropped` (aliases) do not count.
+  """
   after = None
   for index, statement in enumerate(body):
-    modules = list(_imported_modules(statement))
-    if any(m.split(".")[0] in ("tensorflow", _OURS) for m in modules):
+    if isinstance(statement, cst.SimpleStatementLine) and all(
+      isinstance(small, cst.Import) and all(alias in dropped for alias in small.names)
+      for small in statement.body
+    ):
+      continue
+    if any(m.split(".")[0] in ("tensorflow", _OURS) for m in _imported_modules(statement)):
       after = index
   if after is None:
     # After the leading docstring, `__future__` and other imports.
@@ -734,7 +809,7 @@ def _insert_import(body):
         after = index
       else:
         break
-  return [*body[: after + 1], line, *body[after + 1 :]]
+  return after
 
 
 def _is_docstring(statement):
