@@ -6,6 +6,13 @@ spelling is `tf_lossscale.upgrade` (see its docstring), and the command is
 `tf-lossscale-upgrade` or `python -m tf_lossscale.upgrade`.
 """
 
+try:
+  import libcst  # noqa: F401
+except ImportError as error:
+  raise ImportError(
+    "tf-lossscale-upgrade needs libcst: pip install tf-lossscale[upgrade]"
+  ) from error
+
 from tf_lossscale_upgrade._cli import main
 from tf_lossscale_upgrade._rewrite import Finding, Result, upgrade_source
 

@@ -150,10 +150,9 @@ class _Planner:
 
   def __init__(self, module, keras3_code):
     self.wrapper = metadata.MetadataWrapper(module, unsafe_skip_copy=True)
-    resolved = self.wrapper.resolve_many([metadata.ScopeProvider, metadata.PositionProvider])
-    self.scopes = resolved[metadata.ScopeProvider]
-    self.positions = resolved[metadata.PositionProvider]
-    self.parents = _parents(module)
+    self.scopes = self.wrapper.resolve(metadata.ScopeProvider)
+    self._positions = None  # computed when first needed: most files report nothing
+    self.parents, self._order = _structure(module)
     self.keras3_code = keras3_code
     self.findings = []
     self.expressions = {}  # node -> replacement expression (dotted name)
@@ -205,7 +204,7 @@ class _Planner:
         if binding is not None:
           bindings.append(binding)
     self._find_prefix(scopes)
-    bindings.sort(key=lambda b: self._position(b.alias))
+    bindings.sort(key=lambda b: self._order[b.alias])
     for binding in bindings:
       self._plan_binding(binding)
     for binding, uses in self._private_imports:
@@ -276,7 +275,7 @@ class _Planner:
       if not isinstance(node, (cst.Name, cst.Attribute)):
         continue  # a string annotation
       uses.append(self._resolve(access, node, binding.target))
-    uses.sort(key=lambda use: self._position(use.node))
+    uses.sort(key=lambda use: self._order[use.node])
     return uses
 
   def _resolve(self, access, node, name):
@@ -507,7 +506,9 @@ class _Planner:
   # Helpers ---------------------------------------------------------------
 
   def _position(self, node):
-    start = self.positions[node].start
+    if self._positions is None:
+      self._positions = self.wrapper.resolve(metadata.PositionProvider)
+    start = self._positions[node].start
     return start.line, start.column + 1
 
   def _report(self, node, kind, old, new="", reason=""):
@@ -552,17 +553,19 @@ def _is_store_target(node, parent):
   return False
 
 
-class _ParentRecorder(cst.CSTVisitor):
-  """Records each node's parent (cheaper than libcst's ParentNodeProvider)."""
+class _StructureRecorder(cst.CSTVisitor):
+  """Records each node's parent and its rank in source order, in one cheap pass."""
 
   def __init__(self):
     super().__init__()
     self.parents = {}
+    self.order = {}
     self._stack = []
 
   def on_visit(self, node):
     if self._stack:
       self.parents[node] = self._stack[-1]
+    self.order[node] = len(self.order)
     self._stack.append(node)
     return True
 
@@ -570,10 +573,11 @@ class _ParentRecorder(cst.CSTVisitor):
     self._stack.pop()
 
 
-def _parents(module):
-  recorder = _ParentRecorder()
+def _structure(module):
+  """`({node: parent}, {node: rank in source order})` (cheaper than libcst's providers)."""
+  recorder = _StructureRecorder()
   module.visit(recorder)
-  return recorder.parents
+  return recorder.parents, recorder.order
 
 
 class _Applier(cst.CSTTransformer):
