@@ -1,0 +1,272 @@
+"""Inner-optimizer families: how the Keras `LossScaleOptimizer` drives each kind.
+
+The wrapper (`keras_optimizer.LossScaleOptimizer`) holds all the loss-scaling
+logic and, for its inner optimizer, one adapter: an instance of a `Family`
+subclass, which knows that kind of optimizer. A family also names its
+`optimizer_api`: a class of its framework that the wrapper's concrete class
+inherits from (after `LossScaleOptimizer`), so the wrapper passes that
+framework's `isinstance` checks (`Model.compile`, its `mixed_float16`
+wrapping) and answers the framework's optimizer API from the inner optimizer.
+
+Families, one module each:
+
+* `keras3`: Keras 3 optimizers (`tf.keras.optimizers.*` on TF >= 2.16).
+* `tf_keras_legacy`: tf_keras's OptimizerV2 (`tf_keras.optimizers.legacy.*`).
+* `tf_keras`: tf_keras's newer optimizers (`tf_keras.optimizers.*`).
+
+tf_keras is optional and slow to import: its families are only considered
+once the user has imported tf_keras (none of its optimizers can exist
+before), or for a tf_keras optimizer config.
+
+Adding a family, a checklist:
+
+1. A module here with a `Family` subclass implementing every abstract method
+   (a missing one raises `TypeError` when the module is imported) and its
+   `optimizer_api` class: a subclass of the framework's optimizer base (and
+   of its loss-scale-optimizer base, if it has one) that overrides what the
+   framework calls on an optimizer and answers it from `self._optimizer`,
+   the inner optimizer. Its constructor is never run.
+2. Its entry in `_family_modules` below, in the order families are tried.
+3. Any use of the framework's non-public parts in
+   `framework_internals.py`, with its fallback.
+4. Tests: the family in the parametrizations of tests/test_keras_lso*.py
+   (default strategy and MirroredStrategy, eager and tf.function, `fit`,
+   checkpoints), and an entry in BUILD.
+"""
+
+import abc
+import importlib
+import sys
+
+# The hyperparameters TF 2.4's OptimizerV2 of each kind exposed (`_set_hyper`),
+# by class name. For optimizers without `_hyper` (Keras 3, new tf_keras) these
+# names are delegated when the inner optimizer has such an attribute.
+_TF24_HYPERPARAMETERS = {
+  "SGD": ("momentum", "decay"),
+  "Adam": ("beta_1", "beta_2", "decay"),
+  "Adamax": ("beta_1", "beta_2", "decay"),
+  "Nadam": ("beta_1", "beta_2", "decay"),
+  "RMSprop": ("rho", "momentum", "decay"),
+  "Adadelta": ("rho", "decay"),
+  "Adagrad": ("decay",),
+  "Ftrl": (
+    "learning_rate_power",
+    "l1_regularization_strength",
+    "l2_regularization_strength",
+    "beta",
+    "decay",
+  ),
+}
+
+
+def tf24_hyperparameters(optimizer, classes):
+  """Names of `optimizer`'s attributes that TF 2.4 treated as hyperparameters.
+
+  Args:
+    optimizer: An optimizer without `_hyper` (Keras 3, new tf_keras).
+    classes: The module holding its framework's optimizer classes, e.g.
+      `keras.optimizers`; subclasses (Keras 3's AdamW of Adam) count too.
+
+  Returns:
+    A set of names, `learning_rate` included.
+
+  >>> sorted(tf24_hyperparameters(tf.keras.optimizers.Adam(), tf.keras.optimizers))
+  ['beta_1', 'beta_2', 'learning_rate']
+  """
+  names = {"learning_rate"}
+  for class_name, hypers in _TF24_HYPERPARAMETERS.items():
+    cls = getattr(classes, class_name, None)
+    if cls is not None and isinstance(optimizer, cls):
+      names.update(h for h in hypers if hasattr(optimizer, h))
+  return names
+
+
+class Family(abc.ABC):
+  """The contract of an inner-optimizer family (see the module docstring).
+
+  An instance is the adapter of one wrapped optimizer, `self.inner`.
+
+  Attributes:
+    optimizer_api: The framework class the wrapper inherits (class attribute).
+  """
+
+  optimizer_api = None
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    missing = sorted(
+      name
+      for name in Family.__abstractmethods__
+      if getattr(getattr(cls, name), "__isabstractmethod__", False)
+    )
+    if missing or cls.optimizer_api is None:
+      raise TypeError(
+        f"Inner-optimizer family {cls.__name__} must implement {missing or ''}"
+        f"{' and set optimizer_api' if cls.optimizer_api is None else ''}"
+      )
+
+  def __init__(self, inner):
+    self.inner = inner
+
+  # --- What the family takes, and how it is (de)serialized -----------------
+
+  @classmethod
+  @abc.abstractmethod
+  def accepts(cls, optimizer):
+    """Whether `optimizer` is an optimizer of this family."""
+
+  @classmethod
+  @abc.abstractmethod
+  def is_loss_scale_optimizer(cls, optimizer):
+    """Whether `optimizer` is a loss scale optimizer of this framework (which
+    must not be wrapped: TF 2.4 raised TypeError)."""
+
+  @classmethod
+  @abc.abstractmethod
+  def register_serializable(cls, public_class, name):
+    """Registers `public_class` under `name` with this framework's
+    serialization, so that its saved models and configs load."""
+
+  @classmethod
+  @abc.abstractmethod
+  def claims_config(cls, config):
+    """Whether a serialized inner optimizer (`{'class_name', 'config', ...}`)
+    was written by this family."""
+
+  @classmethod
+  @abc.abstractmethod
+  def deserialize(cls, config, custom_objects):
+    """Rebuilds an inner optimizer from `serialize()`'s output."""
+
+  @classmethod
+  @abc.abstractmethod
+  def init_wrapper(cls, wrapper):
+    """Prepares a new wrapper, whose framework constructor is never run,
+    before any attribute is set on it."""
+
+  # --- Applying ----------------------------------------------------------------
+
+  @abc.abstractmethod
+  def build(self, var_list):
+    """Creates the inner optimizer's slots for `var_list` (outside any
+    function, once, before the first apply)."""
+
+  @abc.abstractmethod
+  def reduce_gradients(self, grads_and_vars):
+    """In replica context: the pairs with gradients summed over replicas, as
+    the inner optimizer itself would sum them."""
+
+  @abc.abstractmethod
+  def can_apply_reduced(self):
+    """Whether, under the current strategy, the inner optimizer can apply
+    gradients already reduced by `reduce_gradients` (else it must reduce
+    them itself, and finiteness is decided per replica)."""
+
+  @abc.abstractmethod
+  def apply(self, grads, variables, name, aggregate):
+    """In replica context: applies `grads` to `variables` through the inner
+    optimizer, which all-reduces them only if `aggregate`; returns an op,
+    None, or nothing that has to leave a `tf.cond` branch."""
+
+  @abc.abstractmethod
+  def count_skipped_step(self):
+    """Counts a skipped step in the inner optimizer's step counter; returns
+    an op or None."""
+
+  # --- Hyperparameters, config ---------------------------------------------------
+
+  @abc.abstractmethod
+  def hyperparameter_names(self):
+    """The set of names the wrapper delegates (`learning_rate` and TF 2.4's
+    hyperparameters of this kind of optimizer)."""
+
+  @abc.abstractmethod
+  def get_hyperparameter(self, name):
+    """The inner optimizer's hyperparameter `name`."""
+
+  @abc.abstractmethod
+  def set_hyperparameter(self, name, value):
+    """Sets the inner optimizer's hyperparameter `name`."""
+
+  @abc.abstractmethod
+  def serialize(self):
+    """The inner optimizer, serialized with its framework."""
+
+  @abc.abstractmethod
+  def has_automatic_name(self):
+    """Whether the inner optimizer's name was made up by its framework (and
+    so differs between identically configured optimizers)."""
+
+
+def _family_modules():
+  """The modules of the families to try, in order: Keras 3 first."""
+  names = ["keras3"]
+  if "tf_keras" in sys.modules:
+    names += ["tf_keras_legacy", "tf_keras"]
+  return [importlib.import_module(f"{__name__}.{n}") for n in names]
+
+
+_PUBLIC_CLASSES = {}  # Registered name -> public wrapper class.
+_REGISTERED = set()  # (family, name) pairs done.
+
+
+def register_public_class(public_class, name):
+  """Registers a public wrapper class with every framework's serialization,
+  now for the families loaded and later for those loaded later."""
+  _PUBLIC_CLASSES[name] = public_class
+  for module in _family_modules():
+    _register_all(module.FAMILY)
+
+
+def registered_name(public_class):
+  """The name `public_class` was registered under."""
+  (name,) = [n for n, c in _PUBLIC_CLASSES.items() if c is public_class]
+  return name
+
+
+def _register_all(family):
+  for name, public_class in _PUBLIC_CLASSES.items():
+    if (family, name) not in _REGISTERED:
+      family.register_serializable(public_class, name)
+      _REGISTERED.add((family, name))
+
+
+def families():
+  """The `Family` subclasses that can take an optimizer now, in order."""
+  found = [module.FAMILY for module in _family_modules()]
+  for family in found:
+    _register_all(family)
+  return found
+
+
+def for_optimizer(optimizer):
+  """The family of `optimizer`, or None."""
+  for family in families():
+    if family.accepts(optimizer):
+      return family
+  return None
+
+
+def for_config(config):
+  """The family that wrote a serialized inner optimizer.
+
+  A tf_keras config imports tf_keras, to load its families.
+  """
+  if written_by_tf_keras(config):
+    importlib.import_module("tf_keras")
+  for family in families():
+    if family.claims_config(config):
+      return family
+  raise ValueError(f"No inner-optimizer family can deserialize the optimizer config {config!r}")
+
+
+def written_by_tf_keras(config):
+  """Whether a serialized optimizer comes from tf_keras.
+
+  Keras 3 and tf_keras both write module `keras.optimizers`; only tf_keras
+  writes `is_legacy_optimizer`, and its OptimizerV2 `keras.optimizers.legacy`.
+  """
+  module = str(config.get("module", ""))
+  return module.startswith("keras.optimizers.legacy") or "is_legacy_optimizer" in config.get(
+    "config", {}
+  )
