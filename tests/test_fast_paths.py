@@ -19,6 +19,10 @@ from tf_lossscale._src import algorithm, fast_paths, scale_state
 from tf_lossscale.compat.v1.mixed_precision import MixedPrecisionLossScaleOptimizer
 from tf_lossscale.keras.mixed_precision import LossScaleOptimizer
 
+pytestmark = pytest.mark.skipif(
+  not fast_paths.enabled(), reason="pins the fast paths, off with TF_LOSSSCALE_FAST_PATHS=0"
+)
+
 
 def _lowering_of_top_level_ifs(graph, with_resources=True):
   """Whether each If of `graph` (with resource inputs: the apply) is lowered."""

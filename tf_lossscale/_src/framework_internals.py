@@ -19,6 +19,17 @@ tf_keras): not covered by its API guarantees, so its uses are here too.
 
 import tensorflow as tf
 
+# Imported here, not where used, so that each use below is one look-up; a
+# module that is gone only turns its speed-up off.
+try:
+  from tensorflow.core.framework import attr_value_pb2
+except ImportError:
+  attr_value_pb2 = None
+try:
+  from tensorflow.python.ops import control_flow_util
+except ImportError:
+  control_flow_util = None
+
 # The checkpoint-tracking base classes (TF >= 2.5). The Trackable protocol our
 # subclasses implement: `_trackable_children`, `_lookup_dependency`,
 # `_track_trackable`, `_handle_deferred_dependencies` (the documented way to
@@ -66,12 +77,8 @@ def in_xla_context(graph):
   (TF >= 2.0). Missing: None, and callers take their plain path (every speed-up
   that depends on it is off).
   """
-  try:
-    from tensorflow.python.ops import control_flow_util  # pylint: disable=g-import-not-at-top
-
-    return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
-  except (ImportError, AttributeError):
-    return None
+  check = getattr(control_flow_util, "GraphOrParentsInXlaContext", None)
+  return None if check is None else bool(check(graph))
 
 
 def in_v1_control_flow(graph):
@@ -96,11 +103,9 @@ def keep_as_function_call(if_op):
   is lowered, as any `tf.cond`.
   """
   set_attr = getattr(if_op, "_set_attr", None)
-  if set_attr is None or "_lower_using_switch_merge" not in if_op.node_def.attr:
+  if set_attr is None or attr_value_pb2 is None:
     return False
-  try:
-    from tensorflow.core.framework import attr_value_pb2  # pylint: disable=g-import-not-at-top
-  except ImportError:
+  if "_lower_using_switch_merge" not in if_op.node_def.attr:
     return False
   set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
   return True

@@ -21,7 +21,8 @@ import threading
 import keras
 import tensorflow as tf
 
-from tf_lossscale._src import families, framework_internals
+from tf_lossscale._src import framework_internals
+from tf_lossscale._src.families import base
 
 # id()s of inner optimizers currently applying already-reduced gradients, per
 # thread: MirroredStrategy runs each replica function in its own thread.
@@ -89,7 +90,7 @@ class Keras3OptimizerApi(keras.optimizers.LossScaleOptimizer):
       self._state.counter.assign(store["1"])
 
 
-class Keras3Family(families.Family):
+class Keras3Family(base.Family):
   """Adapter of a Keras 3 inner optimizer."""
 
   optimizer_api = Keras3OptimizerApi
@@ -114,7 +115,7 @@ class Keras3Family(families.Family):
 
   @classmethod
   def claims_config(cls, config):
-    return not families.written_by_tf_keras(config)
+    return not base.written_by_tf_keras(config)
 
   @classmethod
   def deserialize(cls, config, custom_objects):
@@ -166,7 +167,7 @@ class Keras3Family(families.Family):
     framework_internals.keras3_step_counter(self.inner).assign_add(1)
 
   def hyperparameter_names(self):
-    return families.tf24_hyperparameters(self.inner, keras.optimizers)
+    return base.tf24_hyperparameters(self.inner, keras.optimizers)
 
   def get_hyperparameter(self, name):
     return getattr(self.inner, name)

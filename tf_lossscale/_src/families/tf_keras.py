@@ -9,8 +9,8 @@ These optimizers apply already-reduced gradients with
 import tensorflow as tf
 import tf_keras
 
-from tf_lossscale._src import families, framework_internals
-from tf_lossscale._src.families import tf_keras_legacy
+from tf_lossscale._src import framework_internals
+from tf_lossscale._src.families import base, tf_keras_legacy
 
 
 class TfKerasOptimizerApi(
@@ -42,7 +42,7 @@ class TfKerasOptimizerApi(
     self._optimizer.finalize_variable_values(var_list)
 
 
-class TfKerasFamily(families.Family):
+class TfKerasFamily(base.Family):
   """Adapter of a new tf_keras inner optimizer."""
 
   optimizer_api = TfKerasOptimizerApi
@@ -56,7 +56,7 @@ class TfKerasFamily(families.Family):
 
   @classmethod
   def claims_config(cls, config):
-    return families.written_by_tf_keras(config) and not tf_keras_legacy.FAMILY.claims_config(config)
+    return base.written_by_tf_keras(config) and not tf_keras_legacy.FAMILY.claims_config(config)
 
   @classmethod
   def deserialize(cls, config, custom_objects):
@@ -88,7 +88,7 @@ class TfKerasFamily(families.Family):
     self.inner.iterations.assign_add(1)
 
   def hyperparameter_names(self):
-    return families.tf24_hyperparameters(self.inner, tf_keras.optimizers)
+    return base.tf24_hyperparameters(self.inner, tf_keras.optimizers)
 
   def get_hyperparameter(self, name):
     return getattr(self.inner, name)

@@ -12,7 +12,8 @@ except under the strategies that must aggregate themselves.
 import tensorflow as tf
 import tf_keras
 
-from tf_lossscale._src import families, framework_internals
+from tf_lossscale._src import framework_internals
+from tf_lossscale._src.families import base
 
 _SELF_AGGREGATING_STRATEGIES = (
   tf.distribute.experimental.CentralStorageStrategy,
@@ -90,7 +91,7 @@ def _register(public_class, name):
   tf_keras.saving.register_keras_serializable("tf_lossscale", name)(public_class)
 
 
-class OptimizerV2Family(families.Family):
+class OptimizerV2Family(base.Family):
   """Adapter of a tf_keras OptimizerV2 inner optimizer."""
 
   optimizer_api = OptimizerV2Api
