@@ -6,6 +6,8 @@ hands the gradients to the loss scale's `update` (once, in a cross-replica
 context) and lets the wrapped optimizer apply them only when `update` says so.
 """
 
+from typing import Any
+
 import tensorflow as tf
 
 from tf_lossscale._src import framework_internals, scale_state
@@ -73,7 +75,7 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
   -0.5
   """
 
-  def __init__(self, opt, loss_scale):
+  def __init__(self, opt: tf.compat.v1.train.Optimizer, loss_scale: Any) -> None:
     """Wraps `opt`.
 
     Args:

@@ -1,5 +1,7 @@
 """The deprecated experimental Keras `LossScaleOptimizer(optimizer, loss_scale)`."""
 
+from typing import Any
+
 import tensorflow as tf
 
 from tf_lossscale._src import families, keras_optimizer
@@ -74,7 +76,9 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
       `DynamicLossScale`.
   """
 
-  def __init__(self, optimizer, loss_scale):
+  def __init__(
+    self, optimizer: Any, loss_scale: "str | float | loss_scale_module.LossScale"
+  ) -> None:
     settings = keras_optimizer.settings_from_legacy_loss_scale(loss_scale)
     arguments = "".join(f", {key}={value}" for key, value in settings.items() if key != "dynamic")
     if not settings["dynamic"]:
@@ -88,7 +92,9 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
     super().__init__(optimizer, **settings)
 
   @classmethod
-  def from_config(cls, config, custom_objects=None):
+  def from_config(
+    cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None
+  ) -> "LossScaleOptimizer":
     """Creates the optimizer from `get_config()`'s output (either class's).
 
     Args:

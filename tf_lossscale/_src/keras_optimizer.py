@@ -29,6 +29,8 @@ step 1 is left out and step 2 counts each replica's own finiteness instead.
 """
 
 import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -285,7 +287,13 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       raise _not_an_optimizer_error(inner_optimizer)
     return super().__new__(_concrete_class(public_cls, family))
 
-  def __init__(self, inner_optimizer, dynamic=True, initial_scale=None, dynamic_growth_steps=None):
+  def __init__(
+    self,
+    inner_optimizer: Any,
+    dynamic: bool = True,
+    initial_scale: float | None = None,
+    dynamic_growth_steps: int | None = None,
+  ) -> None:
     if not isinstance(dynamic, bool):
       # Catches the second positional argument of the experimental class
       # (a loss scale) passed to this class.
@@ -348,7 +356,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
   # --- Loss-scale attributes -------------------------------------------------
 
   @property
-  def dynamic(self):
+  def dynamic(self) -> bool:
     """Bool, whether the loss scale is dynamic.
 
     >>> LossScaleOptimizer(tf.keras.optimizers.SGD()).dynamic
@@ -357,7 +365,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     return self._state is not None
 
   @property
-  def loss_scale(self):
+  def loss_scale(self) -> tf.Tensor:
     """The current loss scale as a float32 scalar tensor.
 
     >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(), dynamic=False,
@@ -370,7 +378,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     return tf.convert_to_tensor(self._loss_scale, tf.float32)
 
   @property
-  def dynamic_counter(self):
+  def dynamic_counter(self) -> tf.Variable | None:
     """Steps since the loss scale last changed (a variable); None if fixed.
 
     It counts every finite step; on reaching `dynamic_growth_steps` the scale
@@ -386,7 +394,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     return None
 
   @property
-  def initial_scale(self):
+  def initial_scale(self) -> float:
     """The initial loss scale (the only one when `dynamic` is False).
 
     >>> LossScaleOptimizer(tf.keras.optimizers.SGD()).initial_scale
@@ -397,7 +405,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     return self._loss_scale
 
   @property
-  def dynamic_growth_steps(self):
+  def dynamic_growth_steps(self) -> int | None:
     """Finite steps before a dynamic loss scale doubles; None if fixed.
 
     >>> LossScaleOptimizer(tf.keras.optimizers.SGD(),
@@ -409,7 +417,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     return None
 
   @property
-  def inner_optimizer(self):
+  def inner_optimizer(self) -> Any:
     """The optimizer this `LossScaleOptimizer` wraps.
 
     >>> sgd = tf.keras.optimizers.SGD()
@@ -421,7 +429,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
   # --- Scaling ----------------------------------------------------------------
 
   @tf.autograph.experimental.do_not_convert
-  def get_scaled_loss(self, loss):
+  def get_scaled_loss(self, loss: tf.Tensor | Callable[[], tf.Tensor]) -> Any:
     """Multiplies the loss by the loss scale.
 
     Only needed when computing gradients yourself, e.g. with a
@@ -445,7 +453,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     return scale_state.scale_loss(loss, self.loss_scale)
 
   @tf.autograph.experimental.do_not_convert
-  def get_unscaled_gradients(self, grads):
+  def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
     """Divides every gradient by the loss scale.
 
     Args:
@@ -465,7 +473,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     return scale_state.unscale_gradients(grads, self.loss_scale)
 
   @tf.autograph.experimental.do_not_convert
-  def scale_loss(self, loss):
+  def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
     """Keras 3's training-loop hook: scales `loss`, expects scaled gradients.
 
     Keras 3's `Model.fit` calls it and then passes the gradients of the
@@ -505,7 +513,14 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
   # --- Applying ---------------------------------------------------------------
 
-  def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
+  def minimize(
+    self,
+    loss: tf.Tensor | Callable[[], tf.Tensor],
+    var_list: Any,
+    grad_loss: tf.Tensor | None = None,
+    name: str | None = None,
+    tape: tf.GradientTape | None = None,
+  ) -> tf.Operation | None:
     """Minimizes `loss` over `var_list`, with loss scaling.
 
     Scales the loss, computes the gradients, unscales them and calls
@@ -545,9 +560,14 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
   # Nothing on this path needs AutoGraph (the same code runs eagerly and in
   # TF1 graphs); converting it, down to the finiteness check, took longer
-  # than tracing the rest of the step (100 variables: 4.8 s -> 2.4 s).
+  # than tracing the rest of the step (docs/benchmarks.md, "Tracing").
   @tf.autograph.experimental.do_not_convert
-  def apply_gradients(self, grads_and_vars, name=None, experimental_aggregate_gradients=True):
+  def apply_gradients(
+    self,
+    grads_and_vars: Iterable[tuple[Any, tf.Variable]],
+    name: str | None = None,
+    experimental_aggregate_gradients: bool = True,
+  ) -> tf.Operation | None:
     """Applies UNSCALED gradients, skipping non-finite steps.
 
     Under a `tf.distribute` strategy the gradients are all-reduced first
@@ -686,7 +706,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
   # --- Config -------------------------------------------------------------------
 
-  def get_config(self):
+  def get_config(self) -> dict[str, Any]:
     """Returns the config: the serialized inner optimizer and the scale settings.
 
     >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(name='sgd'),
@@ -704,7 +724,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       "dynamic_growth_steps": self.dynamic_growth_steps,
     }
 
-  def comparable_config(self):
+  def comparable_config(self) -> dict[str, Any]:
     """`get_config()` without the inner optimizer's automatic name.
 
     Keras 3 names each default optimizer uniquely (`sgd`, `sgd_1`, ...), so
@@ -730,7 +750,9 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     return config
 
   @classmethod
-  def from_config(cls, config, custom_objects=None):
+  def from_config(
+    cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None
+  ) -> "LossScaleOptimizer":
     """Creates a `LossScaleOptimizer` from `get_config()`'s output.
 
     Also accepts the config of TF 2.3's experimental class (keys `optimizer`

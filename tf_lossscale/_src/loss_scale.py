@@ -11,6 +11,7 @@ dynamic scale in a `DynamicLossScale` too and update it through
 import abc
 import itertools
 import weakref
+from typing import Any
 
 import tensorflow as tf
 
@@ -65,11 +66,11 @@ class LossScale(framework_internals.Trackable, metaclass=abc.ABCMeta):
     self._weights = {}
 
   @abc.abstractmethod
-  def __call__(self):
+  def __call__(self) -> tf.Tensor:
     """Returns the current loss scale as a scalar float32 tensor."""
 
   @abc.abstractmethod
-  def update(self, grads):
+  def update(self, grads: Any) -> tuple[Any, Any]:
     """Updates the loss scale from one step's unscaled gradients.
 
     Under a `tf.distribute` strategy, call it in a cross-replica context.
@@ -84,11 +85,11 @@ class LossScale(framework_internals.Trackable, metaclass=abc.ABCMeta):
     """
 
   @abc.abstractmethod
-  def get_config(self):
+  def get_config(self) -> dict[str, Any]:
     """Returns the constructor arguments of this loss scale as a dict."""
 
   @classmethod
-  def from_config(cls, config):
+  def from_config(cls, config: dict[str, Any]) -> "LossScale":
     """Creates a loss scale from `get_config()`'s output."""
     return cls(**config)
 
@@ -149,7 +150,7 @@ class FixedLossScale(LossScale):
   True
   """
 
-  def __init__(self, loss_scale_value):
+  def __init__(self, loss_scale_value: float) -> None:
     """Creates the fixed loss scale.
 
     Args:
@@ -203,7 +204,9 @@ class DynamicLossScale(LossScale):
   DynamicLossScale(current_loss_scale=4.0, num_good_steps=0, initial_loss_scale=4.0, increment_period=2, multiplier=2.0)
   """
 
-  def __init__(self, initial_loss_scale=2**15, increment_period=2000, multiplier=2.0):
+  def __init__(
+    self, initial_loss_scale: float = 2**15, increment_period: int = 2000, multiplier: float = 2.0
+  ) -> None:
     """Creates the dynamic loss scale.
 
     Args:
@@ -228,15 +231,15 @@ class DynamicLossScale(LossScale):
     )
 
   @property
-  def initial_loss_scale(self):
+  def initial_loss_scale(self) -> float:
     return self._settings.initial_scale
 
   @property
-  def increment_period(self):
+  def increment_period(self) -> int:
     return self._settings.growth_steps
 
   @property
-  def multiplier(self):
+  def multiplier(self) -> float:
     return self._settings.multiplier
 
   def __call__(self):
@@ -294,7 +297,7 @@ def dynamic_state(loss_scale):
 _BUILTIN = {"FixedLossScale": FixedLossScale, "DynamicLossScale": DynamicLossScale}
 
 
-def serialize(loss_scale):
+def serialize(loss_scale: LossScale) -> dict[str, Any]:
   """Returns `{'class_name': ..., 'config': ...}` for a `LossScale`.
 
   >>> serialize(FixedLossScale(8))
@@ -303,7 +306,7 @@ def serialize(loss_scale):
   return {"class_name": type(loss_scale).__name__, "config": loss_scale.get_config()}
 
 
-def deserialize(config, custom_objects=None):
+def deserialize(config: dict[str, Any], custom_objects: dict[str, type] | None = None) -> LossScale:
   """Creates a `LossScale` from `serialize()`'s output.
 
   Args:
@@ -335,7 +338,7 @@ def deserialize(config, custom_objects=None):
   return cls.from_config(config["config"])
 
 
-def get(identifier):
+def get(identifier: Any) -> LossScale | None:
   """Turns a loss-scale identifier into a `LossScale` (or None).
 
   Args:
