@@ -251,7 +251,13 @@ class DynamicLossScale(LossScale):
     Under a strategy every replica's gradients are checked and one non-finite
     replica makes all replicas skip.
     """
-    return _DYNAMIC_STATES[self].update(grads)
+    update_op, should_apply_gradients = _DYNAMIC_STATES[self].update(grads)
+    if update_op is not None:
+      # In a graph, a tensor, as TF's: it can be fetched, returned from a
+      # tf.function or passed to tf.identity.
+      with tf.control_dependencies([update_op]):
+        update_op = tf.identity(should_apply_gradients)
+    return update_op, should_apply_gradients
 
   def __repr__(self):
     settings = (
