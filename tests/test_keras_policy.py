@@ -173,8 +173,9 @@ def test_layers_saved_with_the_policy_load_with_a_plain_policy():
   experimental.set_policy(experimental.Policy("mixed_float16", 16))
   model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
   restored = keras.Sequential.from_config(model.get_config())
-  assert type(restored.layers[0].dtype_policy) is keras.DTypePolicy
-  assert restored.layers[0].dtype_policy.name == "mixed_float16"
+  reloaded = restored.layers[0].dtype_policy
+  assert isinstance(reloaded, keras.DTypePolicy) and not isinstance(reloaded, experimental.Policy)
+  assert reloaded.name == "mixed_float16"
 
 
 def test_policy_serializes_as_a_keras_object():
@@ -252,7 +253,8 @@ def test_set_policy_makes_keras3_build_layers_and_models_with_it():
 def test_set_policy_with_a_name_sets_a_plain_policy(name):
   experimental.set_policy(name)
   policy = experimental.global_policy()
-  assert type(policy) is keras.DTypePolicy and policy.name == name
+  assert isinstance(policy, keras.DTypePolicy) and not isinstance(policy, experimental.Policy)
+  assert policy.name == name
 
 
 def test_set_policy_none_restores_floatx():

@@ -162,7 +162,13 @@ def _count_repeats(devices):
   return [device if count == 1 else f"{device} (x{count})" for device, count in merged]
 
 
-class Policy(KerasPolicy):
+# Keras 3.3 (3.3.3 checked) parses a policy's name only in `FloatDTypePolicy`:
+# its `DTypePolicy` gives every subclass `floatx()` dtypes. Newer releases
+# parse in `DTypePolicy` and keep `FloatDTypePolicy` as a subclass of it.
+_NAME_PARSING_POLICY = getattr(keras.dtype_policies, "FloatDTypePolicy", KerasPolicy)
+
+
+class Policy(_NAME_PARSING_POLICY):
   """A deprecated dtype policy for a Keras layer, with a loss scale (TF 2.4).
 
   Warning: This class is deprecated. Please use the non-experimental
