@@ -300,7 +300,6 @@ def test_tf1_session_trains_with_the_rewrite_on(make_optimizer, config):
 def test_without_tensorflows_flag_only_default_sessions_get_the_rewrite(monkeypatch):
   """The fallback if TF's private flag disappears: public options only."""
   monkeypatch.setattr(framework_internals_graph_rewrite, "_global_state", None)
-  monkeypatch.delattr(tf.__internal__.train, "is_mixed_precision_graph_rewrite_enabled")
   make = lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1)  # noqa: E731
   assert _v1_regression(make, 8, None)[0] == _ON
   assert _v1_regression(make, 8, tf.compat.v1.ConfigProto())[0] != _ON

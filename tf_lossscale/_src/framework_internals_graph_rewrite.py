@@ -16,12 +16,8 @@ TensorFlow keeps three flags in the private module
 Sharing them makes our graph rewrite and our experimental `set_policy` refuse
 each other, and TF's and tf_keras's, exactly as TF 2.4's functions did. Each
 accessor below falls back to public behaviour when the private module is
-gone (checked on TF 2.16 to 2.21, where the module and these functions
-exist): the getters answer from public state or False, the setters do what
-the public API can.
-
-This module is the only one of tf_lossscale's that uses these internals (the
-lead is to fold it into `framework_internals.py`).
+gone (it and these functions exist in TF 2.16 to 2.21): the getters answer
+from public state or False, the setters do what the public API can.
 """
 
 import tensorflow as tf
@@ -59,19 +55,18 @@ def set_graph_rewrite_flag(enabled):
 def graph_rewrite_flag():
   """Whether TF's or our `enable_mixed_precision_graph_rewrite` is in effect.
 
-  Relies on `tf.__internal__.train.is_mixed_precision_graph_rewrite_enabled`
-  (the hook tf_keras uses). Without it: whether the public optimizer option
+  Relies on `mixed_precision_global_state.is_mixed_precision_graph_rewrite_enabled`
+  (also exported as `tf.__internal__.train.is_mixed_precision_graph_rewrite_enabled`
+  for tf_keras). Without it: whether the public optimizer option
   `auto_mixed_precision` is on.
 
   Returns:
     Bool.
   """
-  getter = getattr(
-    getattr(tf.__internal__, "train", None), "is_mixed_precision_graph_rewrite_enabled", None
-  )
-  if getter is not None:
-    return bool(getter())
-  return bool(tf.config.optimizer.get_experimental_options().get("auto_mixed_precision", False))
+  if _global_state is None:
+    options = tf.config.optimizer.get_experimental_options()
+    return bool(options.get("auto_mixed_precision", False))
+  return bool(_global_state.is_mixed_precision_graph_rewrite_enabled())
 
 
 def non_mixed_precision_session_created():
@@ -106,16 +101,14 @@ def using_mixed_precision_policy():
 def set_using_mixed_precision_policy(is_mixed):
   """Records in TF's flag whether our global policy is a mixed one.
 
-  Relies on `tf.__internal__.train.set_using_mixed_precision_policy` (the
-  hook tf_keras's `set_global_policy` uses). Without it: nothing is recorded,
-  and TF's own graph rewrite no longer refuses to run beside our policy (ours
-  still does: it reads the Keras 3 global policy itself).
+  Relies on `mixed_precision_global_state.set_using_mixed_precision_policy`
+  (also exported as `tf.__internal__.train.set_using_mixed_precision_policy`,
+  which tf_keras's `set_global_policy` calls). Without it: nothing is
+  recorded, and TF's own graph rewrite no longer refuses to run beside our
+  policy (ours still does: it reads the Keras 3 global policy itself).
 
   Args:
     is_mixed: Bool.
   """
-  setter = getattr(
-    getattr(tf.__internal__, "train", None), "set_using_mixed_precision_policy", None
-  )
-  if setter is not None:
-    setter(is_mixed)
+  if _global_state is not None:
+    _global_state.set_using_mixed_precision_policy(is_mixed)
