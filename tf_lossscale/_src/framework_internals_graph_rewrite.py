@@ -16,7 +16,7 @@ TensorFlow keeps three flags in the private module
 Sharing them makes our graph rewrite and our experimental `set_policy` refuse
 each other, and TF's and tf_keras's, exactly as TF 2.4's functions did. Each
 accessor below falls back to public behaviour when the private module is
-gone (it and these functions exist in TF 2.16 to 2.21): the getters answer
+gone (TF has had it and these functions since 2.4; checked on 2.21): the getters answer
 from public state or False, the setters do what the public API can.
 """
 
