@@ -19,6 +19,7 @@ LAYERS = [
   ("scale state", ["_src.scale_state", "_src.loss_scale"]),
   ("families", ["_src.families"]),
   ("optimizers", ["_src.keras_optimizer", "_src.keras_experimental", "_src.compat_v1_optimizer"]),
+  ("policies, graph rewrite", ["_src.keras_policy", "_src.graph_rewrite"]),
   ("namespaces", ["", "loss_scale", "keras", "compat", "mixed_precision"]),
 ]
 
@@ -79,9 +80,7 @@ def test_no_import_cycle_among_modules():
 
 
 def test_imports_run_from_namespaces_down_to_the_algorithm():
-  upward = [
-    (m, i) for m, p in MODULES.items() for i in _imports(p) if _layer(i) > _layer(m)
-  ]
+  upward = [(m, i) for m, p in MODULES.items() for i in _imports(p) if _layer(i) > _layer(m)]
   assert upward == []
 
 
