@@ -284,7 +284,11 @@ def check_signature(where, func, expected, extras=()):
   except (TypeError, ValueError) as e:
     return [f"{where}: no signature ({e})"]
   problems = []
-  shown = f"{where}{inspect.signature(func)}"
+  plain = inspect.signature(func).replace(return_annotation=inspect.Signature.empty)
+  plain = plain.replace(
+    parameters=[p.replace(annotation=p.empty) for p in plain.parameters.values()]
+  )
+  shown = f"{where}{plain}"
   for have, want in zip(actual, expected):
     if have.name != want.name or have.kind != want.kind:
       problems.append(
