@@ -16,9 +16,8 @@ setup(
   ),
   long_description=(HERE / "README.md").read_text(encoding="utf-8"),
   long_description_content_type="text/markdown",
-  # tf_lossscale_upgrade: the migration tool, apart so that it starts without TensorFlow.
   packages=find_packages(
-    include=["tf_lossscale", "tf_lossscale.*", "tf_lossscale_upgrade", "tf_lossscale_upgrade.*"]
+    include=["tf_lossscale", "tf_lossscale.*"]
   ),
   python_requires=">=3.10",
   install_requires=["tensorflow>=2.16", "numpy", "absl-py"],
@@ -31,7 +30,7 @@ setup(
     "docs": ["pdoc"],
   },
   entry_points={
-    "console_scripts": ["tf-lossscale-upgrade = tf_lossscale_upgrade:main"],
+    "console_scripts": ["tf-lossscale-upgrade = tf_lossscale.upgrade:main"],
   },
   license="Apache-2.0",
   classifiers=[

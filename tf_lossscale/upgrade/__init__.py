@@ -1,8 +1,9 @@
 """Migrates source code: TensorFlow's loss-scaling names become tf_lossscale's.
 
-The command line is `tf-lossscale-upgrade` (or `python -m tf_lossscale.upgrade`,
-which also imports TensorFlow through the `tf_lossscale` package first and so
-starts a few seconds slower). It needs `libcst`: `pip install tf-lossscale[upgrade]`.
+The command line is `tf-lossscale-upgrade` (or `python -m tf_lossscale.upgrade`).
+It rewrites text and never runs TensorFlow, but importing the `tf_lossscale`
+package imports TensorFlow, a few seconds at start. It needs `libcst`:
+`pip install tf-lossscale[upgrade]`.
 
 `upgrade_source` rewrites one module's text and reports what it did. A name is
 rewritten however TensorFlow was imported:
@@ -36,6 +37,6 @@ A name that only looks like TensorFlow's is left alone:
 True
 """
 
-from tf_lossscale_upgrade import Finding, Result, main, upgrade_source
+from tf_lossscale._src.upgrade import Finding, Result, main, upgrade_source
 
 __all__ = ["Finding", "Result", "main", "upgrade_source"]
