@@ -79,9 +79,7 @@ def test_no_import_cycle_among_modules():
 
 
 def test_imports_run_from_namespaces_down_to_the_algorithm():
-  upward = [
-    (m, i) for m, p in MODULES.items() for i in _imports(p) if _layer(i) > _layer(m)
-  ]
+  upward = [(m, i) for m, p in MODULES.items() for i in _imports(p) if _layer(i) > _layer(m)]
   assert upward == []
 
 
