@@ -22,7 +22,18 @@ setup(
   extras_require={
     # tf_keras must match TensorFlow's minor version; pin both together.
     "tf-keras": ["tf-keras>=2.16"],
-    "test": ["pytest>=8", "pytest-xdist", "pytest-timeout", "hypothesis>=6", "ruff"],
+    # tensorboard: the tests of LossScaleMonitor with Keras's TensorBoard callback.
+    "test": [
+      "pytest>=8",
+      "pytest-xdist",
+      "pytest-timeout",
+      "hypothesis>=6",
+      "ruff",
+      "tensorboard",
+      "matplotlib",
+    ],
+    # scripts/demo --plot draws the loss scale with it.
+    "plot": ["matplotlib"],
     "docs": ["pdoc"],
   },
   license="Apache-2.0",
