@@ -16,9 +16,7 @@ setup(
   ),
   long_description=(HERE / "README.md").read_text(encoding="utf-8"),
   long_description_content_type="text/markdown",
-  packages=find_packages(
-    include=["tf_lossscale", "tf_lossscale.*"]
-  ),
+  packages=find_packages(include=["tf_lossscale", "tf_lossscale.*"]),
   python_requires=">=3.10",
   install_requires=["tensorflow>=2.16", "numpy", "absl-py"],
   extras_require={
@@ -26,7 +24,19 @@ setup(
     "tf-keras": ["tf-keras>=2.16"],
     # The source migration tool, `tf-lossscale-upgrade`.
     "upgrade": ["libcst>=1.1"],
-    "test": ["pytest>=8", "pytest-xdist", "pytest-timeout", "hypothesis>=6", "ruff", "libcst>=1.1"],
+    # tensorboard: the tests of LossScaleMonitor with Keras's TensorBoard callback.
+    "test": [
+      "pytest>=8",
+      "pytest-xdist",
+      "pytest-timeout",
+      "hypothesis>=6",
+      "ruff",
+      "libcst>=1.1",
+      "tensorboard",
+      "matplotlib",
+    ],
+    # scripts/demo --plot draws the loss scale with it.
+    "plot": ["matplotlib"],
     "docs": ["pdoc"],
   },
   entry_points={

@@ -19,6 +19,7 @@ the final state of every variable to `<out>/worker<index>.json`.
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
 import socket
@@ -163,6 +164,8 @@ class Run:
   extra_variables: object  # () -> slots that the object graph does not reach.
   step: object = None  # step(i): one custom-loop step.
   fit: object = None  # fit(steps) -> [(scale, counter, kernel, bias)] per step.
+  # What fit's LossScaleMonitor showed: its History keys and the scalars it wrote.
+  monitor: dict = dataclasses.field(default_factory=dict)
 
 
 def _tf():
@@ -371,7 +374,11 @@ def _build_fit(strategy, family, experimental=False):
         )
       )
 
+  monitored = {}
+
   def fit(steps=STEPS):
+    from tf_lossscale.keras.callbacks import LossScaleMonitor  # noqa: PLC0415
+
     replicas = strategy.num_replicas_in_sync
     batches = [global_batch(step, replicas) for step in range(steps)]
     dataset = tf.data.Dataset.from_tensor_slices(
@@ -381,13 +388,33 @@ def _build_fit(strategy, family, experimental=False):
     # Every worker reads every global batch; the strategy gives each replica its slice.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     record = Record()
-    model.fit(
-      dataset.with_options(options), epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[record]
-    )
+    # Each process its own folder: only the chief may write there.
+    log_dir = tempfile.mkdtemp()
+    monitor = LossScaleMonitor(update_freq=1, tensorboard=log_dir)
+    history = model.fit(
+      dataset.with_options(options),
+      epochs=1,
+      steps_per_epoch=steps,
+      verbose=0,
+      callbacks=[record, monitor],
+    ).history
+    monitored.update({key: history[key] for key in ("loss_scale", "skipped_steps")})
+    monitored["summaries"] = summaries(os.path.join(log_dir, "train"))
     return record.history
 
   name = "fit_experimental" if experimental else f"fit_{family}"
-  return _keras_run(name, strategy, model, optimizer, fit=fit)
+  return _keras_run(name, strategy, model, optimizer, fit=fit, monitor=monitored)
+
+
+def summaries(log_dir):
+  """{tag: [[step, value], ...]} of the scalar summaries in `log_dir`'s event files."""
+  tf = _tf()
+  found = {}
+  paths = sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")))
+  for event in (e for path in paths for e in tf.compat.v1.train.summary_iterator(path)):
+    for value in event.summary.value:
+      found.setdefault(value.tag, []).append([event.step, tf.make_ndarray(value.tensor).item()])
+  return found
 
 
 def _build_compat_v1(strategy):
@@ -526,6 +553,7 @@ def _run_scenario(name, strategy, out_dir, task_index):
       "status": "ok",
       "history": jsonable_history(history),
       "state": state,
+      "monitor": run.monitor,
       # Relative: the test may move the folder.
       "checkpoint": os.path.relpath(checkpoint, out_dir)
       if checkpoint and task_index == 0

@@ -1,8 +1,9 @@
 """Tests of the dynamic loss-scale algorithm (`tf_lossscale/_src/algorithm.py`), and of the
 fast paths (`fast_paths.py`) against it: the same decisions and numbers.
 
-The reference is a plain Python model of TF 2.4's `DynamicLossScale` in float32
-(`model_step`), and TF's own `tf.compat.v1.mixed_precision.DynamicLossScale`.
+The reference is a plain Python model of the documented algorithm in float32
+(`ScaleModel`: TF 2.4's `DynamicLossScale` with the options beyond TF 2.4 at their
+defaults), and TF's own `tf.compat.v1.mixed_precision.DynamicLossScale`.
 """
 
 import hypothesis
@@ -25,17 +26,50 @@ INF = float("inf")
 SETTINGS = hypothesis.settings(max_examples=40, deadline=None)
 
 
-def model_step(scale, counter, finite, growth_steps, multiplier):
-  """TF 2.4's dynamic loss-scale transition, in float32 Python/NumPy."""
-  scale = np.float32(scale)
-  multiplier = np.float32(multiplier)
-  if not finite:
-    return max(scale / multiplier, np.float32(1.0)), 0
-  if counter + 1 < growth_steps:
-    return scale, counter + 1
-  with np.errstate(over="ignore"):
-    grown = scale * multiplier
-  return (grown if np.isfinite(grown) else scale), 0
+class ScaleModel:
+  """The documented dynamic loss scale, in float32 Python/NumPy, with its
+  state kept apart: `good` finite steps since the scale last changed, `run`
+  consecutive non-finite steps, `skipped` steps in all. TF 2.4's algorithm
+  with the default options."""
+
+  def __init__(
+    self, scale, growth_steps, multiplier, min_scale=1.0, max_scale=INF, hysteresis=1, counter=0
+  ):
+    self.scale = np.float32(scale)
+    self.growth_steps, self.hysteresis = growth_steps, hysteresis
+    self.multiplier = np.float32(multiplier)
+    self.min_scale, self.max_scale = np.float32(min_scale), np.float32(max_scale)
+    # The state a counter variable encodes.
+    self.good, self.run, self.skipped = max(counter, 0), max(-counter, 0), 0
+
+  def step(self, finite):
+    if not finite:
+      self.skipped += 1
+      self.good = 0
+      self.run += 1
+      if self.run >= self.hysteresis:
+        self.scale = max(self.scale / self.multiplier, self.min_scale)
+      return
+    self.run = 0
+    self.good += 1
+    if self.good >= self.growth_steps:
+      self.good = 0
+      with np.errstate(over="ignore"):
+        grown = self.scale * self.multiplier
+      self.scale = min(grown if np.isfinite(grown) else self.scale, self.max_scale)
+
+  @property
+  def counter(self):
+    """The documented encoding: the good steps, or minus the run so far (at
+    most `hysteresis - 1`)."""
+    return self.good if self.run == 0 else -min(self.run, self.hysteresis - 1)
+
+
+def model_step(scale, counter, finite, growth_steps, multiplier, **options):
+  """One transition of `ScaleModel` from `(scale, counter)`."""
+  model = ScaleModel(scale, growth_steps, multiplier, counter=counter, **options)
+  model.step(finite)
+  return model.scale, model.counter
 
 
 # --- all_finite --------------------------------------------------------------
@@ -112,6 +146,9 @@ _TRANSITION_SIGNATURE = [
   tf.TensorSpec([], tf.bool),
   tf.TensorSpec([], tf.int64),
   tf.TensorSpec([], tf.float32),
+  tf.TensorSpec([], tf.float32),
+  tf.TensorSpec([], tf.float32),
+  tf.TensorSpec([], tf.int64),
 ]
 
 
@@ -119,8 +156,16 @@ _TRANSITION_SIGNATURE = [
 # multiplier lets graph optimizers turn `scale / multiplier` into a multiply by
 # the rounded reciprocal, 1 ulp off for multipliers that are not powers of 2;
 # TF's own class does the same.)
-def _next_scale_and_counter(scale, counter, finite, growth_steps, multiplier):
-  settings = algorithm.ScaleSettings(growth_steps=growth_steps, multiplier=multiplier)
+def _next_scale_and_counter(
+  scale, counter, finite, growth_steps, multiplier, min_scale=1.0, max_scale=INF, hysteresis=1
+):
+  settings = algorithm.ScaleSettings(
+    growth_steps=growth_steps,
+    multiplier=multiplier,
+    min_scale=min_scale,
+    max_scale=max_scale,
+    hysteresis=hysteresis,
+  )
   return algorithm.next_scale_and_counter(scale, counter, finite, settings)
 
 
@@ -135,40 +180,76 @@ TRANSITIONS = {
 
 def _transition(name):
   """TRANSITIONS[name], called with tensors of the signature's dtypes."""
-  return lambda scale, counter, finite, growth_steps, multiplier: TRANSITIONS[name](
-    tf.constant(scale, tf.float32),
-    tf.constant(counter, tf.int64),
-    tf.constant(finite),
-    tf.constant(growth_steps, tf.int64),
-    tf.constant(multiplier, tf.float32),
-  )
+
+  def call(scale, counter, finite, growth_steps, multiplier, **options):
+    values = [scale, counter, finite, growth_steps, multiplier]
+    values += [options.get("min_scale", 1.0), options.get("max_scale", INF)]
+    values += [options.get("hysteresis", 1)]
+    return TRANSITIONS[name](
+      *[tf.constant(v, spec.dtype) for v, spec in zip(values, _TRANSITION_SIGNATURE, strict=True)]
+    )
+
+  return call
 
 
 @SETTINGS
 @hypothesis.given(
   scale=st.floats(min_value=2.0**-4, max_value=FLOAT32_MAX, width=32),
-  counter=st.integers(0, 9),
+  counter=st.integers(-3, 9),
   finite=st.booleans(),
   growth_steps=st.integers(1, 9),
   multiplier=st.floats(min_value=1.0, max_value=1e4, width=32),
+  min_scale=st.floats(min_value=2.0**-10, max_value=4.0, width=32),
+  max_scale=st.one_of(st.just(INF), st.floats(min_value=4.0, max_value=FLOAT32_MAX, width=32)),
+  hysteresis=st.integers(1, 4),
 )
-@hypothesis.example(scale=2.0**127, counter=0, finite=True, growth_steps=1, multiplier=2.0)
-@hypothesis.example(scale=FLOAT32_MAX, counter=4, finite=True, growth_steps=5, multiplier=1.5)
-@hypothesis.example(scale=1.5, counter=3, finite=False, growth_steps=5, multiplier=2.0)
+@hypothesis.example(
+  scale=2.0**127,
+  counter=0,
+  finite=True,
+  growth_steps=1,
+  multiplier=2.0,
+  min_scale=1.0,
+  max_scale=INF,
+  hysteresis=1,
+)
+@hypothesis.example(
+  scale=FLOAT32_MAX,
+  counter=4,
+  finite=True,
+  growth_steps=5,
+  multiplier=1.5,
+  min_scale=1.0,
+  max_scale=INF,
+  hysteresis=1,
+)
+@hypothesis.example(
+  scale=1.5,
+  counter=3,
+  finite=False,
+  growth_steps=5,
+  multiplier=2.0,
+  min_scale=1.0,
+  max_scale=INF,
+  hysteresis=1,
+)
 @pytest.mark.parametrize("transition", list(TRANSITIONS))
 def test_transition_matches_float32_model(
-  transition, scale, counter, finite, growth_steps, multiplier
+  transition, scale, counter, finite, growth_steps, multiplier, min_scale, max_scale, hysteresis
 ):
+  options = dict(min_scale=min_scale, max_scale=max_scale, hysteresis=hysteresis)
   next_scale, next_counter = _transition(transition)(
-    scale, counter, finite, growth_steps, multiplier
+    scale, counter, finite, growth_steps, multiplier, **options
   )
-  expected_scale, expected_counter = model_step(scale, counter, finite, growth_steps, multiplier)
+  expected_scale, expected_counter = model_step(
+    scale, counter, finite, growth_steps, multiplier, **options
+  )
   assert next_scale.dtype == tf.float32 and next_counter.dtype == tf.int64
   assert next_scale.numpy() == expected_scale
   assert next_counter.numpy() == expected_counter
   assert np.isfinite(next_scale.numpy())
   if not finite:
-    assert next_scale.numpy() >= 1.0
+    assert next_scale.numpy() >= min(np.float32(min_scale), np.float32(scale))
 
 
 @pytest.mark.parametrize(
@@ -186,6 +267,31 @@ def test_transition_matches_float32_model(
 @pytest.mark.parametrize("transition", list(TRANSITIONS))
 def test_transition_pins_tf24_values(transition, scale, counter, finite, expected):
   next_scale, next_counter = _transition(transition)(scale, counter, finite, 3, 2.0)
+  assert (float(next_scale), int(next_counter)) == expected
+
+
+@pytest.mark.parametrize(
+  "scale, counter, finite, options, expected",
+  [
+    (1.0, 0, False, {"min_scale": 0.25}, (0.5, 0)),  # a floor below 1
+    (0.5, 0, False, {"min_scale": 0.25}, (0.25, 0)),
+    (0.25, 0, False, {"min_scale": 0.25}, (0.25, 0)),
+    (16.0, 0, False, {"min_scale": 12.0}, (12.0, 0)),
+    (8.0, 2, True, {"max_scale": 12.0}, (12.0, 0)),  # growth clipped to the maximum
+    (12.0, 2, True, {"max_scale": 12.0}, (12.0, 0)),
+    (2.0**127, 2, True, {"max_scale": 1.5 * 2.0**127}, (2.0**127, 0)),  # Inf product: kept
+    (8.0, 2, False, {"hysteresis": 3}, (8.0, -1)),  # a run's first non-finite step: counted
+    (8.0, -1, False, {"hysteresis": 3}, (8.0, -2)),
+    (8.0, -2, False, {"hysteresis": 3}, (4.0, -2)),  # its third: shrinks
+    (4.0, -2, False, {"hysteresis": 3}, (2.0, -2)),  # and so does every further one
+    (4.0, -2, True, {"hysteresis": 3}, (4.0, 1)),  # a finite step ends the run
+    (4.0, -1, True, {"hysteresis": 2}, (4.0, 1)),
+    (1.0, -1, False, {"hysteresis": 2, "min_scale": 0.5}, (0.5, -1)),
+  ],
+)
+@pytest.mark.parametrize("transition", list(TRANSITIONS))
+def test_transition_pins_option_values(transition, scale, counter, finite, options, expected):
+  next_scale, next_counter = _transition(transition)(scale, counter, finite, 3, 2.0, **options)
   assert (float(next_scale), int(next_counter)) == expected
 
 
@@ -218,17 +324,42 @@ def _step_grads(kind):
   ]
 
 
+@st.composite
+def _options(draw, initial_loss_scale):
+  """Options beyond TF 2.4, each left at its default half of the time."""
+  options = {}
+  if draw(st.booleans()):
+    options["min_loss_scale"] = draw(st.floats(min_value=2.0**-10, max_value=8.0, width=32))
+  if draw(st.booleans()):
+    lowest = max(initial_loss_scale, options.get("min_loss_scale", 1.0))
+    options["max_loss_scale"] = draw(
+      st.floats(min_value=lowest, max_value=min(lowest * 64, FLOAT32_MAX), width=32)
+    )
+  if draw(st.booleans()):
+    options["hysteresis"] = draw(st.integers(1, 4))
+  return options
+
+
 @SETTINGS
-@hypothesis.given(**state_machine_args)
-def test_update_follows_python_model(initial_loss_scale, increment_period, multiplier, steps):
-  ls = loss_scale.DynamicLossScale(initial_loss_scale, increment_period, multiplier)
-  scale, counter = np.float32(initial_loss_scale), 0
+@hypothesis.given(**state_machine_args, data=st.data())
+def test_update_follows_python_model(initial_loss_scale, increment_period, multiplier, steps, data):
+  options = data.draw(_options(initial_loss_scale), label="options")
+  ls = loss_scale.DynamicLossScale(initial_loss_scale, increment_period, multiplier, **options)
+  model = ScaleModel(
+    initial_loss_scale,
+    increment_period,
+    multiplier,
+    min_scale=options.get("min_loss_scale", 1.0),
+    max_scale=options.get("max_loss_scale", INF),
+    hysteresis=options.get("hysteresis", 1),
+  )
   for kind in steps:
     _, should_apply = ls.update(_step_grads(kind))
-    scale, counter = model_step(scale, counter, kind == "finite", increment_period, multiplier)
+    model.step(kind == "finite")
     assert bool(should_apply) is (kind == "finite")
-    assert ls().numpy() == scale
-    assert ls._num_good_steps.numpy() == counter
+    assert ls().numpy() == model.scale
+    assert ls._num_good_steps.numpy() == model.counter
+    assert ls.skipped_steps.numpy() == model.skipped
 
 
 @SETTINGS
@@ -260,7 +391,7 @@ def test_variables_are_mirrored_non_trainable_and_unaggregated():
   strategy = helpers.make_strategy("mirrored")
   with strategy.scope():
     ls = loss_scale.DynamicLossScale()
-  for var in (ls._current_loss_scale, ls._num_good_steps):
+  for var in (ls._current_loss_scale, ls._num_good_steps, ls.skipped_steps):
     assert isinstance(var, tf_values.MirroredVariable)
     assert not var.trainable
     assert var.aggregation == tf.VariableAggregation.NONE
@@ -291,7 +422,11 @@ def test_nan_on_one_replica_makes_every_replica_skip_and_halves_scale_once(strat
   assert [bool(x) for x in strategy.experimental_local_results(should_apply)] == [False] * (
     strategy.num_replicas_in_sync
   )
-  for var, expected in ((ls._current_loss_scale, 4.0), (ls._num_good_steps, 0)):
+  for var, expected in (
+    (ls._current_loss_scale, 4.0),
+    (ls._num_good_steps, 0),
+    (ls.skipped_steps, 1),
+  ):
     assert [x.numpy() for x in strategy.experimental_local_results(var)] == [expected] * (
       strategy.num_replicas_in_sync
     )
@@ -333,18 +468,26 @@ UPDATES = {"plain": algorithm.update_scale_variables, "fast": fast_paths.update_
 def test_update_scale_variables_assigns_once_and_returns_decision(mode, grads_in_sync, update):
   scale = tf.Variable(8.0)
   counter = tf.Variable(1, dtype=tf.int64)
+  skipped = tf.Variable(0, dtype=tf.int64)
   settings = algorithm.ScaleSettings(growth_steps=2)
 
   @mode
   def step(grad):
     return UPDATES[update](
-      scale, counter, {"a": [grad, None]}, settings, grads_in_sync=grads_in_sync
+      scale,
+      counter,
+      {"a": [grad, None]},
+      settings,
+      grads_in_sync=grads_in_sync,
+      skipped_var=skipped,
     )[1]
 
   assert bool(step(tf.constant(1.0)))
-  assert (float(scale), int(counter)) == (16.0, 0)
+  assert (float(scale), int(counter), int(skipped)) == (16.0, 0, 0)
   assert not bool(step(tf.constant(NAN)))
-  assert (float(scale), int(counter)) == (8.0, 0)
+  assert (float(scale), int(counter), int(skipped)) == (8.0, 0, 1)
+  assert not bool(step(tf.constant(INF)))
+  assert (float(scale), int(counter), int(skipped)) == (4.0, 0, 2)
 
 
 def _ops_added(build):

@@ -256,6 +256,34 @@ def test_nan_on_one_replica_makes_every_replica_skip(mode, bad):
       np.testing.assert_array_equal(replica_var, before[0])
 
 
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_skipped_steps_counts_refused_steps_once_for_all_replicas(mode, strategy):
+  trainer = Trainer(mode, strategy)
+  last = trainer.strategy.num_replicas_in_sync - 1
+  for m, bad, expected in [(1.0, -1, 0), (NAN, -1, 1), (1.0, last, 2), (1.0, -1, 2), (INF, 0, 3)]:
+    trainer.step(m, bad=bad)
+    assert trainer.read(trainer.opt.skipped_steps) == [expected] * (
+      trainer.strategy.num_replicas_in_sync
+    )
+  assert trainer.opt.skipped_steps is trainer.loss_scale.skipped_steps
+
+
+@pytest.mark.parametrize(
+  "mode, loss_scale",
+  [
+    ("eager", lambda: ls_module.FixedLossScale(4)),
+    ("eager", lambda: EveryOtherStep()),  # noqa: PLW0108 (defined below)
+    ("graph", lambda: ls_module.DynamicLossScale(8.0)),
+  ],
+  ids=["fixed", "custom", "tf1_graph"],
+)
+def test_skipped_steps_is_none_without_a_count(mode, loss_scale):
+  trainer = Trainer(mode, loss_scale=loss_scale)
+  trainer.step(1.0)
+  assert trainer.opt.skipped_steps is None
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("strategy", ["default", "mirrored"])
 def test_fixed_scale_applies_every_step_as_tf_did(mode, strategy):

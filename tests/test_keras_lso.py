@@ -145,6 +145,43 @@ def test_dynamic_scale_sequence(family, strategy, mode):
     np.testing.assert_allclose(value, [-5.25 * replicas] * 2)
 
 
+def test_options_beyond_tf24_bound_the_scale_and_delay_its_halving(family, strategy, mode):
+  """max/min bound the scale; with hysteresis 2 a run's first NaN is skipped but keeps the
+  scale; `skipped_steps` counts skips once for all replicas; skipped steps change nothing."""
+  with strategy.scope():
+    var = tf.Variable([1.0, 2.0])
+    opt = mixed_precision.LossScaleOptimizer(
+      make_inner(family, learning_rate=1.0),
+      initial_scale=4,
+      dynamic_growth_steps=1,
+      min_loss_scale=2,
+      max_loss_scale=8,
+      hysteresis=2,
+    )
+  step = _custom_loop_step(strategy, mode, opt, var)
+  g = 3.0 * strategy.num_replicas_in_sync
+  # (scale in use, NaN on the last replica) -> (scale, counter, skipped) after the step.
+  sequence = [
+    ((4.0, False), (8.0, 0, 0)),
+    ((8.0, False), (8.0, 0, 0)),  # the maximum
+    ((8.0, True), (8.0, -1, 1)),  # a run's first NaN: skipped, scale kept
+    ((8.0, True), (4.0, -1, 2)),  # its second: halved
+    ((4.0, True), (2.0, -1, 3)),
+    ((2.0, True), (2.0, -1, 4)),  # the minimum
+    ((2.0, False), (4.0, 0, 4)),  # a finite step ends the run
+  ]
+  for (scale, bad), expected in sequence:
+    step(scale, bad)
+    assert (float(opt.loss_scale), count(opt.dynamic_counter), count(opt.skipped_steps)) == (
+      expected
+    )
+    for value in locals_of(strategy, opt.skipped_steps):
+      assert value == expected[2]
+  assert count(opt.iterations) == len(sequence)
+  for value in locals_of(strategy, var):
+    np.testing.assert_allclose(value, [1 - 3 * g, 2 - 3 * g])  # three steps applied
+
+
 def test_fixed_scale_applies_as_given(family, strategy, mode):
   """A fixed scale reaches the gradients and nothing checks them: NaN is applied."""
   with strategy.scope():
@@ -157,6 +194,7 @@ def test_fixed_scale_applies_as_given(family, strategy, mode):
   g = 3.0 * strategy.num_replicas_in_sync
   np.testing.assert_allclose(var.numpy(), [1 - g, 2 - g])
   assert opt.dynamic_counter is None and float(opt.loss_scale) == 16.0
+  assert opt.skipped_steps is None  # nothing is ever skipped
   step(16.0, bad=True)
   assert np.isnan(var.numpy()).all()
   assert float(opt.loss_scale) == 16.0 and count(opt.iterations) == 2

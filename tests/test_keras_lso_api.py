@@ -1,5 +1,7 @@
 """Keras LossScaleOptimizer: constructor, attributes, delegation, config, experimental, checkpoints."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -66,6 +68,53 @@ def test_constructor_errors(family):
     ValueError, match=r'^"dynamic_growth_steps" must be None if "dynamic" is False, but got: 2$'
   ):
     LSO(make_inner(family), dynamic=False, initial_scale=2, dynamic_growth_steps=2)
+
+
+OPTIONS = dict(min_loss_scale=0.25, max_loss_scale=1024.0, hysteresis=3)
+
+
+def test_options_beyond_tf24_default_to_tf24_and_are_none_when_fixed(family):
+  opt = LSO(make_inner(family))
+  assert (opt.min_loss_scale, opt.max_loss_scale, opt.hysteresis) == (1.0, float("inf"), 1)
+  assert count(opt.skipped_steps) == 0
+  fixed = LSO(make_inner(family), dynamic=False, initial_scale=3)
+  assert (fixed.min_loss_scale, fixed.max_loss_scale, fixed.hysteresis) == (None, None, None)
+  assert fixed.skipped_steps is None
+
+
+@pytest.mark.parametrize(
+  "options, message",
+  [
+    (
+      {"min_loss_scale": 0.0},
+      "min_loss_scale must be a finite number greater than 0, but got: 0.0",
+    ),
+    (
+      {"max_loss_scale": 16},
+      "max_loss_scale must be at least the initial loss scale (32768.0), but got: 16",
+    ),
+    ({"hysteresis": 0}, "hysteresis must be an int of at least 1, but got: 0"),
+  ],
+  ids=repr,
+)
+def test_option_errors(family, options, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    LSO(make_inner(family), **options)
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_options_are_refused_with_a_fixed_scale(family, name):
+  message = (
+    f'"{name}" must be None if "dynamic" is False (a fixed loss scale never changes), '
+    f"but got: {OPTIONS[name]!r}"
+  )
+  with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    LSO(make_inner(family), dynamic=False, initial_scale=2, **{name: OPTIONS[name]})
+
+
+def test_options_are_keyword_only(family):
+  with pytest.raises(TypeError):
+    LSO(make_inner(family), True, 8, 10, 0.5)
 
 
 @pytest.mark.parametrize(
@@ -225,6 +274,26 @@ def test_config_round_trip(family):
   assert isinstance(exp_clone, ExperimentalLSO) and exp_clone.dynamic_growth_steps == 7
 
 
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_an_option_set_is_in_config_and_round_trips(family, name):
+  opt = LSO(make_inner(family), initial_scale=64, dynamic_growth_steps=7, **{name: OPTIONS[name]})
+  config = opt.get_config()
+  assert sorted(config) == sorted(
+    ["dynamic", "dynamic_growth_steps", "initial_scale", "inner_optimizer", name]
+  )
+  assert config[name] == OPTIONS[name]
+  for clone in (LSO.from_config(config), ExperimentalLSO.from_config(config)):
+    assert getattr(clone, name) == OPTIONS[name]
+    assert clone.comparable_config() == opt.comparable_config()
+
+
+def test_experimental_class_takes_the_options_from_its_dynamic_loss_scale(family):
+  exp = ExperimentalLSO(make_inner(family), loss_scale.DynamicLossScale(512, 500, **OPTIONS))
+  opt = LSO(make_inner(family), initial_scale=512, dynamic_growth_steps=500, **OPTIONS)
+  assert exp.comparable_config() == opt.comparable_config()
+  assert (exp.min_loss_scale, exp.max_loss_scale, exp.hysteresis) == (0.25, 1024.0, 3)
+
+
 def test_from_config_accepts_old_experimental_config(family):
   inner_config = LSO(make_inner(family)).get_config()["inner_optimizer"]
   old = {
@@ -349,6 +418,46 @@ def test_own_checkpoint_round_trip(tmp_path, family):
   new_opt.build([new_var])
   tf.train.Checkpoint(optimizer=new_opt, var=new_var).restore(path).assert_consumed()
   assert _state(new_opt, new_var) == expected
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_options_and_skipped_steps_add_no_checkpoint_key(tmp_path, family):
+  """Checkpoints with the options keep TF 2.4's keys (and so restore into TF's classes);
+  a run of non-finite steps (negative counter) restores and goes on."""
+
+  def make(**options):
+    return LSO(
+      make_inner(family, learning_rate=0.1, momentum=0.9),
+      initial_scale=16,
+      dynamic_growth_steps=5,
+      **options,
+    )
+
+  paths = {}
+  for name, options in (("tf24", {}), ("options", OPTIONS)):
+    var = tf.Variable([1.0, 1.0])
+    opt = make(**options)
+    _train(opt, var, STEPS + [[float("inf"), 1.0]])
+    paths[name] = tf.train.Checkpoint(optimizer=opt, var=var).save(str(tmp_path / name))
+  assert _checkpoint_keys(paths["options"]) == _checkpoint_keys(paths["tf24"])
+  assert not any("skipped" in key for key in _checkpoint_keys(paths["options"]))
+  # With hysteresis 3: 16 (NaN, run 1, then a finite step), Inf (run 1): kept.
+  assert (float(opt.loss_scale), count(opt.dynamic_counter), count(opt.skipped_steps)) == (
+    16.0,
+    -1,
+    2,
+  )
+
+  new_var = tf.Variable([0.0, 0.0])
+  new_opt = make(**OPTIONS)
+  if family != "tf_keras":  # OptimizerV2 restores its slots as it creates them.
+    new_opt.build([new_var])
+  status = tf.train.Checkpoint(optimizer=new_opt, var=new_var).restore(paths["options"])
+  assert (float(new_opt.loss_scale), count(new_opt.dynamic_counter)) == (16.0, -1)
+  _train(new_opt, new_var, [[float("nan"), 0.0]] * 2)  # The run's 2nd and 3rd: halves once.
+  status.assert_existing_objects_matched()
+  assert (float(new_opt.loss_scale), count(new_opt.dynamic_counter)) == (8.0, -2)
+  assert count(new_opt.skipped_steps) == 2  # Counted since this object was made.
 
 
 def test_tf22_checkpoint_with_base_optimizer_restores_slots(tmp_path):

@@ -90,3 +90,21 @@ def test_fit_under_mirrored_strategy(policy, framework):
   np.testing.assert_allclose(model.layers[0].kernel.numpy().ravel(), [0.216, 0.216], rtol=1e-3)
   assert float(opt.loss_scale) == 8.0 and int(opt.dynamic_counter.numpy()) == 1
   assert int(opt.iterations.numpy()) == 3
+
+
+def test_keras3_saving_keeps_the_options_and_a_run_of_non_finite_steps(tmp_path):
+  options = dict(min_loss_scale=0.5, max_loss_scale=64.0, hysteresis=2)
+  opt = mixed_precision.LossScaleOptimizer(
+    keras.optimizers.SGD(0.1), initial_scale=4, dynamic_growth_steps=2, **options
+  )
+  model = _fit(keras, opt)
+  kernel = model.layers[0].kernel
+  opt.apply_gradients([(np.full((2, 1), np.nan, "float32"), kernel)])  # A run starts: kept.
+  assert (float(opt.loss_scale), int(opt.dynamic_counter.numpy())) == (8.0, -1)
+
+  model.save(tmp_path / "model.keras")
+  loaded = keras.models.load_model(tmp_path / "model.keras").optimizer
+  assert loaded.comparable_config() == opt.comparable_config()
+  assert (loaded.min_loss_scale, loaded.max_loss_scale, loaded.hysteresis) == (0.5, 64.0, 2)
+  assert (float(loaded.loss_scale), int(loaded.dynamic_counter.numpy())) == (8.0, -1)
+  assert int(loaded.iterations.numpy()) == 4

@@ -54,10 +54,35 @@ NON_POWER_OF_TWO = (
   dict(initial_loss_scale=5.0, increment_period=1, multiplier=4.0),
   [(1.0, True, 20.0, 0), (NAN, False, 5.0, 0), (NAN, False, 1.25, 0), (NAN, False, 1.0, 0)],
 )
+# The options beyond TF 2.4.
+OPTIONS = (
+  dict(
+    initial_loss_scale=4.0,
+    increment_period=1,
+    multiplier=2.0,
+    min_loss_scale=0.5,
+    max_loss_scale=8.0,
+    hysteresis=2,
+  ),
+  [
+    (1.0, True, 8.0, 0),
+    (1.0, True, 8.0, 0),  # no higher than the maximum
+    (NAN, False, 8.0, -1),  # a run's first non-finite step: skipped, only counted
+    (INF, False, 4.0, -1),  # its second: halves
+    (NAN, False, 2.0, -1),  # and so does every further one
+    (NAN, False, 1.0, -1),
+    (NAN, False, 0.5, -1),  # below 1, down to the minimum
+    (-INF, False, 0.5, -1),
+    (1.0, True, 1.0, 0),  # a finite step ends the run (and here doubles)
+    (NAN, False, 1.0, -1),
+    (1.0, True, 2.0, 0),
+  ],
+)
 SEQUENCES = {
   "grow_shrink_floor": GROW_SHRINK_FLOOR,
   "overflow_cap": OVERFLOW_CAP,
   "multiplier_4": NON_POWER_OF_TWO,
+  "options": OPTIONS,
 }
 
 
@@ -170,6 +195,128 @@ def test_graph_mode_repr_shows_settings_only():
       "DynamicLossScale(initial_loss_scale=8.0, increment_period=100, multiplier=4.0)"
     )
     assert repr(loss_scale.FixedLossScale(8)) == "FixedLossScale(8.0)"
+
+
+# --- Beyond TF 2.4: options and the skipped-step count -------------------------
+
+OPTION_VALUES = dict(min_loss_scale=0.25, max_loss_scale=2.0**20, hysteresis=3)
+
+
+def test_options_default_to_tf24_behaviour():
+  ls = loss_scale.DynamicLossScale()
+  assert (ls.min_loss_scale, ls.max_loss_scale, ls.hysteresis) == (1.0, INF, 1)
+  assert sorted(ls.get_config()) == ["increment_period", "initial_loss_scale", "multiplier"]
+
+
+@pytest.mark.parametrize("name", list(OPTION_VALUES))
+def test_an_option_set_is_in_config_and_repr_and_round_trips(name):
+  ls = loss_scale.DynamicLossScale(8, 3, **{name: OPTION_VALUES[name]})
+  config = ls.get_config()
+  assert config == dict(
+    initial_loss_scale=8.0, increment_period=3, multiplier=2.0, **{name: OPTION_VALUES[name]}
+  )
+  assert repr(ls).endswith(f", multiplier=2.0, {name}={OPTION_VALUES[name]!r})")
+  for restored in (
+    loss_scale.DynamicLossScale.from_config(config),
+    loss_scale.deserialize(loss_scale.serialize(ls)),
+  ):
+    assert restored.get_config() == config
+    assert getattr(restored, name) == OPTION_VALUES[name]
+
+
+@pytest.mark.parametrize(
+  "options, message",
+  [
+    ({"min_loss_scale": 0}, "min_loss_scale must be a finite number greater than 0, but got: 0"),
+    ({"min_loss_scale": -1.0}, "min_loss_scale must be a finite number greater than 0"),
+    (
+      {"min_loss_scale": INF},
+      "min_loss_scale must be a finite number greater than 0, but got: inf",
+    ),
+    ({"min_loss_scale": NAN}, "min_loss_scale must be a finite number greater than 0"),
+    ({"min_loss_scale": True}, "min_loss_scale must be a finite number greater than 0"),
+    ({"min_loss_scale": "1"}, "min_loss_scale must be a finite number greater than 0"),
+    (
+      {"max_loss_scale": 0.5},
+      "max_loss_scale must be None (unbounded) or a number at least min_loss_scale (1.0), "
+      "but got: 0.5",
+    ),
+    ({"min_loss_scale": 8, "max_loss_scale": 4}, "at least min_loss_scale (8.0), but got: 4"),
+    ({"max_loss_scale": NAN}, "max_loss_scale must be None (unbounded) or a number"),
+    (
+      {"max_loss_scale": 8},
+      "max_loss_scale must be at least the initial loss scale (16.0), but got: 8",
+    ),
+    ({"hysteresis": 0}, "hysteresis must be an int of at least 1, but got: 0"),
+    ({"hysteresis": 2.0}, "hysteresis must be an int of at least 1, but got: 2.0"),
+    ({"hysteresis": True}, "hysteresis must be an int of at least 1, but got: True"),
+  ],
+  ids=repr,
+)
+def test_option_errors_name_the_argument_the_value_and_what_is_allowed(options, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    loss_scale.DynamicLossScale(16, **options)
+
+
+def test_options_are_keyword_only():
+  with pytest.raises(TypeError):
+    loss_scale.DynamicLossScale(16, 10, 2.0, 0.5)
+
+
+def test_options_checkpoint_keeps_tf24_keys_and_restores_a_run(tmp_path):
+  options = dict(min_loss_scale=0.5, max_loss_scale=64.0, hysteresis=3)
+  ls = loss_scale.DynamicLossScale(16.0, 3, **options)
+  _drive(ls, [1.0, NAN, NAN])  # A run of two non-finite steps: scale kept, counter -2.
+  assert _state(ls) == (16.0, -2)
+  path = tf.train.Checkpoint(loss_scale=ls).write(str(tmp_path / "ckpt"))
+  assert sorted(name for name, _ in tf.train.list_variables(path) if "loss_scale/" in name) == [
+    "loss_scale/current_loss_scale/.ATTRIBUTES/VARIABLE_VALUE",
+    "loss_scale/good_steps/.ATTRIBUTES/VARIABLE_VALUE",
+  ]
+  restored = loss_scale.DynamicLossScale(16.0, 3, **options)
+  tf.train.Checkpoint(loss_scale=restored).read(path).assert_consumed()
+  assert _state(restored) == (16.0, -2)
+  _drive(restored, [NAN])  # The run goes on: its third non-finite step halves.
+  assert _state(restored) == (8.0, -2)
+  assert int(restored.skipped_steps) == 1  # Not checkpointed: counted from the restore.
+
+
+def test_skipped_steps_counts_skipped_updates_in_every_mode():
+  ls = loss_scale.DynamicLossScale(8.0, 2)
+  update = tf.function(lambda g: ls.update([g, None])[1])
+  for value, expected in [(1.0, 0), (NAN, 1), (1.0, 1), (INF, 2), (-INF, 3), (1.0, 3)]:
+    ls.update([tf.constant(value)])
+    update(tf.constant(value))
+    assert int(ls.skipped_steps) == 2 * expected
+  assert ls.skipped_steps.dtype == tf.int64 and not ls.skipped_steps.trainable
+
+
+def test_skipped_steps_is_one_count_for_all_replicas():
+  strategy = helpers.make_strategy("mirrored")
+  with strategy.scope():
+    ls = loss_scale.DynamicLossScale(8.0)
+
+  @tf.function
+  def step(bad_replica):
+    def replica_fn():
+      grad = helpers.replica_nan([1.0], bad_replica)
+      tf.distribute.get_replica_context().merge_call(lambda _, g: ls.update([g]), args=(grad,))
+
+    strategy.run(replica_fn)
+
+  step(-1)
+  step(1)
+  assert [int(v) for v in strategy.experimental_local_results(ls.skipped_steps)] == [1, 1]
+
+
+def test_tf1_graph_has_no_skipped_steps_variable():
+  with tf.Graph().as_default():
+    ls = loss_scale.DynamicLossScale(hysteresis=2)
+    assert ls.skipped_steps is None
+    assert [v.name for v in tf.compat.v1.global_variables()] == [
+      "current_loss_scale:0",
+      "good_steps:0",
+    ]
 
 
 # --- FixedLossScale ----------------------------------------------------------

@@ -117,6 +117,23 @@ def test_nan_on_one_worker_skips_the_step_on_both(cluster_results, name):
   job.check_state(states[0], name)
 
 
+@pytest.mark.parametrize("name", ["fit_tf_keras", "fit_experimental"])
+def test_loss_scale_monitor_shows_one_set_of_numbers_and_only_the_chief_writes(
+  cluster_results, name
+):
+  chief, other = (record["monitor"] for record in _scenario(cluster_results, name))
+  scales = [scale for scale, _ in job.EXPECTED_SCALES]
+  for monitor in (chief, other):
+    assert monitor["loss_scale"] == [scales[-1]] and monitor["skipped_steps"] == [1]
+  # One point a step (steps count from 1), the NaN step skipped on both workers.
+  skipped = [int(step >= job.NAN_STEP) for step in range(job.STEPS)]
+  assert chief["summaries"] == {
+    "loss_scale": [[step + 1, scale] for step, scale in enumerate(scales)],
+    "skipped_steps": [[step + 1, count] for step, count in enumerate(skipped)],
+  }
+  assert other["summaries"] == {}
+
+
 @pytest.mark.parametrize("name", job.CUSTOM_LOOP_SCENARIOS)
 def test_chief_checkpoint_restores_in_one_process_and_trains_on_identically(cluster_results, name):
   chief = _scenario(cluster_results, name)[0]

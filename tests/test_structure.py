@@ -11,14 +11,15 @@ from tf_lossscale._src import families
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tf_lossscale"
 
-# Lower layers never import higher ones (namespaces -> optimizers -> families ->
-# scale state -> algorithm). Every module must be in one layer.
+# Lower layers never import higher ones (namespaces -> callbacks -> optimizers ->
+# families -> scale state -> algorithm). Every module must be in one layer.
 LAYERS = [
   ("algorithm", ["_src", "_src.framework_internals", "_src.algorithm", "_src.fast_paths"]),
   ("migration tool (independent of the rest)", ["_src.upgrade"]),
   ("scale state", ["_src.scale_state", "_src.loss_scale"]),
   ("families", ["_src.families"]),
   ("optimizers", ["_src.keras_optimizer", "_src.keras_experimental", "_src.compat_v1_optimizer"]),
+  ("callbacks", ["_src.keras_callbacks"]),
   ("policies, graph rewrite", ["_src.keras_policy", "_src.graph_rewrite"]),
   ("namespaces", ["", "loss_scale", "keras", "compat", "mixed_precision", "upgrade"]),
 ]

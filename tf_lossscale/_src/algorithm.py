@@ -1,24 +1,36 @@
 """The dynamic loss-scale algorithm, plainly, on one screen.
 
-One training step, as TF 2.4 did it for every loss-scaling API (and as every
-API of this package does it)::
+One training step, as every API of this package does it::
 
     finite = no element of any gradient, on any replica, is Inf or NaN
     if finite:
       apply the gradients
-      counter += 1
+      counter = max(counter, 0) + 1  # a run of non-finite steps ends
       if counter == growth_steps:
         counter = 0
-        if scale * multiplier is finite: scale = scale * multiplier
+        if scale * multiplier is finite: scale = min(scale * multiplier, max_scale)
     else:
       skip the step: no variable or slot changes
-      counter = 0
-      scale = max(scale / multiplier, 1)
+      skipped_steps += 1
+      run = max(-counter, 0) + 1  # consecutive non-finite steps, this one included
+      if run >= hysteresis:
+        scale = max(scale / multiplier, min_scale)
+      counter = -min(run, hysteresis - 1)
+
+With TF 2.4's settings (`min_scale` 1, `max_scale` Inf, `hysteresis` 1) this is
+exactly TF 2.4's algorithm: the counter never goes below 0, a non-finite step
+resets it to 0 and halves the scale (not below 1). The counter is the one
+checkpointed variable (`good_steps`): at or above 0 it counts the finite steps
+since the scale last changed; below 0 (only with `hysteresis` > 1) it is minus
+the number of consecutive non-finite steps so far, at most `hysteresis - 1`
+of them, so that every non-finite step from the `hysteresis`-th on shrinks the
+scale. `skipped_steps` is not checkpointed (TF 2.4's checkpoints have no such
+key).
 
 This module holds it without speed-ups: the settings (`ScaleSettings`), the
 pure transition (`next_scale_and_counter`), TF 2.4's element-wise check
 (`all_finite`), one decision for all replicas (`replicas_all_finite`) and the
-update of the two state variables (`update_scale_variables`). `fast_paths.py`
+update of the state variables (`update_scale_variables`). `fast_paths.py`
 computes the same numbers faster; `scale_state.py` chooses between the two.
 Nothing here needs AutoGraph: it runs as is eagerly, in `tf.function` and in
 TF1 graphs.
@@ -33,15 +45,24 @@ import tensorflow as tf
 class ScaleSettings:
   """The settings of a dynamic loss scale, shared by every API.
 
+  The last three are beyond TF 2.4, whose behaviour their defaults give.
+
   Attributes:
     initial_scale: The scale before the first step.
     growth_steps: Consecutive finite steps after which the scale grows.
     multiplier: The growth and shrink factor.
+    min_scale: The scale never shrinks below it.
+    max_scale: The scale never grows above it (Inf: unbounded).
+    hysteresis: The number of consecutive non-finite steps at which the scale
+      shrinks; every further one of the same run shrinks it too.
   """
 
   initial_scale: float = 2.0**15
   growth_steps: int = 2000
   multiplier: float = 2.0
+  min_scale: float = 1.0
+  max_scale: float = float("inf")
+  hysteresis: int = 1
 
 
 @tf.autograph.experimental.do_not_convert
@@ -50,7 +71,9 @@ def next_scale_and_counter(scale, counter, finite, settings):
 
   Args:
     scale: float32 scalar, the current loss scale.
-    counter: int64 scalar, finite steps since the scale last changed.
+    counter: int64 scalar: finite steps since the scale last changed, or
+      below 0 minus the consecutive non-finite steps so far (see the module
+      docstring).
     finite: bool scalar, whether this step's gradients were all finite.
     settings: A `ScaleSettings` (its fields may be scalar tensors).
 
@@ -64,17 +87,32 @@ def next_scale_and_counter(scale, counter, finite, settings):
   >>> s, c = next_scale_and_counter(8., 1, False, settings)
   >>> float(s), int(c)
   (4.0, 0)
+
+  With a hysteresis of 2 the first non-finite step of a run only counts:
+
+  >>> settings = ScaleSettings(growth_steps=2, hysteresis=2)
+  >>> s, c = next_scale_and_counter(8., 1, False, settings)
+  >>> float(s), int(c)
+  (8.0, -1)
+  >>> s, c = next_scale_and_counter(s, c, False, settings)
+  >>> float(s), int(c)
+  (4.0, -1)
   """
   scale = tf.convert_to_tensor(scale, tf.float32)
   counter = tf.convert_to_tensor(counter, tf.int64)
   multiplier = tf.cast(settings.multiplier, tf.float32)
-  grows = counter + 1 >= tf.cast(settings.growth_steps, tf.int64)
+  hysteresis = tf.cast(settings.hysteresis, tf.int64)
+  zero = tf.zeros_like(counter)
+  good = tf.maximum(counter, zero) + 1
+  grows = good >= tf.cast(settings.growth_steps, tf.int64)
   grown = scale * multiplier
   grown = tf.where(tf.math.is_finite(grown), grown, scale)
-  shrunk = tf.maximum(scale / multiplier, 1.0)
-  next_scale = tf.where(finite, tf.where(grows, grown, scale), shrunk)
-  zero = tf.zeros_like(counter)
-  next_counter = tf.where(finite, tf.where(grows, zero, counter + 1), zero)
+  grown = tf.minimum(grown, tf.cast(settings.max_scale, tf.float32))
+  run = tf.maximum(-counter, zero) + 1
+  shrinks = run >= hysteresis
+  shrunk = tf.maximum(scale / multiplier, tf.cast(settings.min_scale, tf.float32))
+  next_scale = tf.where(finite, tf.where(grows, grown, scale), tf.where(shrinks, shrunk, scale))
+  next_counter = tf.where(finite, tf.where(grows, zero, good), -tf.minimum(run, hysteresis - 1))
   return next_scale, next_counter
 
 
@@ -147,23 +185,50 @@ def cond(pred, true_fn, false_fn):
 
 
 @tf.autograph.experimental.do_not_convert
+def assign_state(scale_var, counter_var, skipped_var, next_scale, next_counter, finite):
+  """The assigns of one step: scale, counter and (if any) skipped-step count.
+
+  Returns:
+    A list of ops (their results when eager).
+  """
+  assigns = [
+    scale_var.assign(next_scale, read_value=False),
+    counter_var.assign(next_counter, read_value=False),
+  ]
+  if skipped_var is not None:
+    skipped = tf.cast(tf.logical_not(finite), tf.int64)
+    assigns.append(skipped_var.assign_add(skipped, read_value=False))
+  return assigns
+
+
+@tf.autograph.experimental.do_not_convert
 def update_scale_variables(
-  scale_var, counter_var, grads, settings, grads_in_sync=False, apply_fn=None, skip_fn=None
+  scale_var,
+  counter_var,
+  grads,
+  settings,
+  grads_in_sync=False,
+  apply_fn=None,
+  skip_fn=None,
+  skipped_var=None,
 ):
-  """Decides one step: updates the two state variables from `grads`.
+  """Decides one step: updates the state variables from `grads`.
 
   Under a strategy, call in a cross-replica context: the variables are
   mirrored and assigned once, from one decision (`replicas_all_finite`).
 
   Args:
     scale_var: float32 scalar variable holding the loss scale.
-    counter_var: int64 scalar variable holding the good-step counter.
+    counter_var: int64 scalar variable holding the counter (see
+      `next_scale_and_counter`).
     grads: Nested structure of unscaled gradients; `None` entries ignored.
     settings: A `ScaleSettings`.
     grads_in_sync: See `replicas_all_finite`.
     apply_fn, skip_fn: Optional callables taking no arguments: `apply_fn`
       runs when the gradients are finite, `skip_fn` otherwise, and the
       returned op includes it.
+    skipped_var: Optional int64 scalar variable, incremented on every
+      non-finite step.
 
   Returns:
     `(update_op, finite)`: the op assigning the state (and running
@@ -175,8 +240,6 @@ def update_scale_variables(
     ops = [op for op in tf.nest.flatten(cond(finite, apply_fn, skip_fn)) if op is not None]
   next_scale, next_counter = next_scale_and_counter(scale_var, counter_var, finite, settings)
   update_op = tf.group(
-    *ops,
-    scale_var.assign(next_scale, read_value=False),
-    counter_var.assign(next_counter, read_value=False),
+    *ops, *assign_state(scale_var, counter_var, skipped_var, next_scale, next_counter, finite)
   )
   return (None if tf.executing_eagerly() else update_op), finite

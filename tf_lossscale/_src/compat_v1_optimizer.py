@@ -99,6 +99,29 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     self._track_trackable(self._optimizer, "base_optimizer")
     self._track_trackable(self._loss_scale, "loss_scale")
 
+  @property
+  def skipped_steps(self) -> tf.Variable | None:
+    """The steps this optimizer's `DynamicLossScale` skipped (int64 variable).
+
+    Beyond TF 2.4: `DynamicLossScale.skipped_steps` of the loss scale, which
+    counts every step it refused (any Inf or NaN gradient on any replica) and
+    is not checkpointed. None for any other loss scale (a `FixedLossScale`
+    never skips) and in a TF1 graph, where the loss scale has no such
+    variable (a default `Saver` would save it). There, a step is skipped
+    exactly when a gradient given to `apply_gradients` holds an Inf or NaN
+    (on any replica): fetch `tf.reduce_all([tf.reduce_all(tf.math.is_finite(g))
+    for g, _ in grads_and_vars if g is not None])` with the train op.
+
+    >>> var = tf.Variable(1.0)
+    >>> opt = MixedPrecisionLossScaleOptimizer(
+    ...     tf.compat.v1.train.GradientDescentOptimizer(1.0), 'dynamic')
+    >>> _ = opt.apply_gradients([(tf.constant(float('nan')), var)])
+    >>> int(opt.skipped_steps), float(var.numpy())
+    (1, 1.0)
+    """
+    state = loss_scale_module.dynamic_state(self._loss_scale)
+    return None if state is None else state.skipped
+
   def get_name(self):
     """Returns the wrapped optimizer's name, which this optimizer shares.
 

@@ -12,8 +12,9 @@ tf_lossscale turns every one of them off (docs/benchmarks.md measures each).
 * In a function graph the check and the apply share one If op
   (`apply_if_finite`), kept as a call of its branch functions where that is
   safe (`cond`); in a TF1 graph one Switch gates the apply (`switch_cond`).
-* Eagerly, the check, the transition and the assigns run as one call of a
-  graph function (`OneCall`), and so does the unscale of many gradients.
+* Eagerly, the check, the transition and the assigns (skipped-step count
+  included) run as one call of a graph function (`OneCall`), and so does the
+  unscale of many gradients.
 """
 
 import dataclasses
@@ -379,20 +380,30 @@ def _settings_as_tensors(settings):
   return [tf.constant(getattr(settings, f.name)) for f in dataclasses.fields(settings)]
 
 
+_NUM_SETTINGS = len(dataclasses.fields(algorithm.ScaleSettings))
+
+
 def _settings_from(tensors):
   return algorithm.ScaleSettings(*tensors)
 
 
-def _check_and_step(values, scale_handle, counter_handle, *settings):
-  """The check and the transition, assigned to the two variables."""
+def _check_and_step(values, *handles_and_settings):
+  """The check and the transition, assigned to the state variables.
+
+  `handles_and_settings`: the handles of the scale, the counter and, when
+  counted, the skipped-step variables, then the settings' tensors.
+  """
+  handles = handles_and_settings[:-_NUM_SETTINGS]
+  settings = _settings_from(handles_and_settings[-_NUM_SETTINGS:])
   finite = _check(values)
-  scale = tf.raw_ops.ReadVariableOp(resource=scale_handle, dtype=tf.float32)
-  counter = tf.raw_ops.ReadVariableOp(resource=counter_handle, dtype=tf.int64)
-  next_scale, next_counter = algorithm.next_scale_and_counter(
-    scale, counter, finite, _settings_from(settings)
-  )
-  tf.raw_ops.AssignVariableOp(resource=scale_handle, value=next_scale)
-  tf.raw_ops.AssignVariableOp(resource=counter_handle, value=next_counter)
+  scale = tf.raw_ops.ReadVariableOp(resource=handles[0], dtype=tf.float32)
+  counter = tf.raw_ops.ReadVariableOp(resource=handles[1], dtype=tf.int64)
+  next_scale, next_counter = algorithm.next_scale_and_counter(scale, counter, finite, settings)
+  tf.raw_ops.AssignVariableOp(resource=handles[0], value=next_scale)
+  tf.raw_ops.AssignVariableOp(resource=handles[1], value=next_counter)
+  if len(handles) > 2:
+    skipped = tf.cast(tf.logical_not(finite), tf.int64)
+    tf.raw_ops.AssignAddVariableOp(resource=handles[2], value=skipped)
   return finite
 
 
@@ -416,14 +427,22 @@ def _eager_one_call(variables, grads):
 
 @tf.autograph.experimental.do_not_convert
 def update_scale_variables(
-  scale_var, counter_var, grads, settings, grads_in_sync=False, apply_fn=None, skip_fn=None
+  scale_var,
+  counter_var,
+  grads,
+  settings,
+  grads_in_sync=False,
+  apply_fn=None,
+  skip_fn=None,
+  skipped_var=None,
 ):
   """`algorithm.update_scale_variables`, faster: same arguments, same numbers."""
   flat = tf.nest.flatten(grads)
-  if _eager_one_call((scale_var, counter_var), flat):
+  variables = [v for v in (scale_var, counter_var, skipped_var) if v is not None]
+  if _eager_one_call(variables, flat):
     values = [algorithm.gradient_values(g) for g in flat if g is not None]
     finite = _check_and_step_call(
-      values, scale_var.handle, counter_var.handle, *_settings_as_tensors(settings)
+      values, *[v.handle for v in variables], *_settings_as_tensors(settings)
     )
     if apply_fn is not None:
       cond(finite, apply_fn, skip_fn)
@@ -442,12 +461,10 @@ def update_scale_variables(
     next_scale, next_counter = _next_state_call(state + _settings_as_tensors(settings))
   else:
     next_scale, next_counter = algorithm.next_scale_and_counter(*state, settings)
-  update_op = tf.group(
-    *ops,
-    scale_var.assign(next_scale, read_value=False),
-    counter_var.assign(next_counter, read_value=False),
+  assigns = algorithm.assign_state(
+    scale_var, counter_var, skipped_var, next_scale, next_counter, finite
   )
-  return update_op, finite
+  return tf.group(*ops, *assigns), finite
 
 
 def _times(values, reciprocal):

@@ -7,6 +7,10 @@ import tensorflow as tf
 from tf_lossscale._src import families, keras_optimizer
 from tf_lossscale._src import loss_scale as loss_scale_module
 
+# The options beyond TF 2.4 a non-experimental config may hold. This class
+# keeps TF 2.4's constructor: they reach it in its `DynamicLossScale`.
+_SCALE_OPTIONS = ("min_loss_scale", "max_loss_scale", "hysteresis")
+
 
 class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
   """A deprecated optimizer that applies loss scaling.
@@ -62,12 +66,17 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
   >>> isinstance(opt2, mixed_precision.experimental.LossScaleOptimizer)
   False
 
+  The options beyond TF 2.4 (`min_loss_scale`, `max_loss_scale`,
+  `hysteresis`) are not arguments of this class, which keeps TF 2.4's
+  constructor: set them on the `DynamicLossScale` passed as `loss_scale`.
+
   Args:
     optimizer: The optimizer instance to wrap.
     loss_scale: The loss scale: an int/float for a fixed loss scale, the
       string "dynamic" for dynamic loss scaling (the same as passing
       `DynamicLossScale()`), a `FixedLossScale`, or a `DynamicLossScale`
-      whose `multiplier` is 2 (the default).
+      whose `multiplier` is 2 (the default); its options beyond TF 2.4 carry
+      over.
 
   Raises:
     ValueError: For a `DynamicLossScale` whose multiplier is not 2, or a
@@ -112,8 +121,9 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
     if "loss_scale" not in config:
       config["optimizer"] = config.pop("inner_optimizer")
       if config.pop("dynamic", True):
+        options = {k: config.pop(k) for k in _SCALE_OPTIONS if k in config}
         config["loss_scale"] = loss_scale_module.DynamicLossScale(
-          config.pop("initial_scale"), config.pop("dynamic_growth_steps")
+          config.pop("initial_scale"), config.pop("dynamic_growth_steps"), **options
         )
       else:
         config["loss_scale"] = config.pop("initial_scale")

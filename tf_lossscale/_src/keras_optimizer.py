@@ -150,6 +150,19 @@ def _inner_property(name):
   )
 
 
+def _scale_options(dynamic, **options):
+  """The options beyond TF 2.4 that were given, as `DynamicLossScale` keywords
+  (which checks their values); refused with a fixed scale."""
+  given = {name: value for name, value in options.items() if value is not None}
+  if given and not dynamic:
+    name, value = next(iter(given.items()))
+    raise ValueError(
+      f'"{name}" must be None if "dynamic" is False (a fixed loss scale never changes), '
+      f"but got: {value!r}"
+    )
+  return given
+
+
 def _not_an_optimizer_error(inner_optimizer):
   return TypeError(
     '"inner_optimizer" must be an instance of `tf.keras.optimizers.Optimizer`, '
@@ -258,6 +271,27 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
   an automatic inner name; compare those to check that two optimizers are
   configured alike.
 
+  Beyond TF 2.4, keyword-only options bound a dynamic loss scale
+  (`min_loss_scale`, `max_loss_scale`) and let it halve only after several
+  consecutive non-finite steps (`hysteresis`); at their defaults the
+  behaviour is TF 2.4's, and they are in `get_config()` only when given, so
+  TF-era configs still compare equal. `skipped_steps` counts skipped steps:
+
+  >>> opt = mixed_precision.LossScaleOptimizer(
+  ...     tf.keras.optimizers.SGD(0.), initial_scale=4, dynamic_growth_steps=2,
+  ...     max_loss_scale=8, hysteresis=2)
+  >>> var = tf.Variable(1.)
+  >>> scales = []
+  >>> for grad in [1., 1., 1., 1., float('nan'), float('nan')]:
+  ...   opt.apply_gradients([(tf.constant(grad), var)])
+  ...   scales.append(float(opt.loss_scale))
+  >>> scales  # Doubles once (then 8 is the maximum), halves at the 2nd NaN
+  [4.0, 8.0, 8.0, 8.0, 8.0, 4.0]
+  >>> int(opt.skipped_steps)
+  2
+  >>> {k: v for k, v in opt.get_config().items() if k != 'inner_optimizer'}
+  {'dynamic': True, 'initial_scale': 4.0, 'dynamic_growth_steps': 2, 'max_loss_scale': 8.0, 'hysteresis': 2}
+
   Args:
     inner_optimizer: The optimizer to wrap.
     dynamic: Bool, whether the loss scale is dynamic. Defaults to True. If
@@ -268,12 +302,25 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     dynamic_growth_steps: Consecutive steps with finite gradients after which
       a dynamic loss scale doubles. Defaults to 2000. Only with
       `dynamic=True`.
+    min_loss_scale: Keyword-only, beyond TF 2.4: a dynamic loss scale never
+      halves below it. A finite number greater than 0, below 1 allowed.
+      Defaults to 1 (TF 2.4).
+    max_loss_scale: Keyword-only, beyond TF 2.4: a dynamic loss scale never
+      doubles above it. At least `min_loss_scale` and `initial_scale`;
+      defaults to unbounded (TF 2.4; the scale still never becomes Inf).
+    hysteresis: Keyword-only, beyond TF 2.4: the number of consecutive
+      non-finite steps at which a dynamic loss scale halves (each one is
+      skipped all the same); every further non-finite step of the run
+      halves it too, and a finite step ends the run. An int of at least 1;
+      defaults to 1 (TF 2.4: every non-finite step halves the scale).
 
   Raises:
     TypeError: If `inner_optimizer` is not a supported optimizer or is a
       `LossScaleOptimizer`, or if `dynamic` is not a bool.
-    ValueError: If `inner_optimizer` is already wrapped, or if `dynamic` is
-      False and `initial_scale` is missing or `dynamic_growth_steps` given.
+    ValueError: If `inner_optimizer` is already wrapped, if `dynamic` is
+      False and `initial_scale` is missing or `dynamic_growth_steps`,
+      `min_loss_scale`, `max_loss_scale` or `hysteresis` given, or if one of
+      these three is outside what is allowed above.
   """
 
   def __new__(cls, inner_optimizer=None, *args, **kwargs):
@@ -293,6 +340,10 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     dynamic: bool = True,
     initial_scale: float | None = None,
     dynamic_growth_steps: int | None = None,
+    *,
+    min_loss_scale: float | None = None,
+    max_loss_scale: float | None = None,
+    hysteresis: int | None = None,
   ) -> None:
     if not isinstance(dynamic, bool):
       # Catches the second positional argument of the experimental class
@@ -314,13 +365,16 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
         '"inner_optimizer" is already wrapped by a LossScaleOptimizer. An '
         "optimizer can only be wrapped by a single LossScaleOptimizer"
       )
+    options = _scale_options(
+      dynamic, min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale, hysteresis=hysteresis
+    )
     if dynamic:
       initial_scale = _DEFAULT_INITIAL_SCALE if initial_scale is None else initial_scale
       if dynamic_growth_steps is None:
         dynamic_growth_steps = _DEFAULT_GROWTH_STEPS
       with tf.init_scope():
         loss_scale = loss_scale_module.DynamicLossScale(
-          initial_scale, int(dynamic_growth_steps), 2.0
+          initial_scale, int(dynamic_growth_steps), 2.0, **options
         )
       state = loss_scale_module.dynamic_state(loss_scale)
     else:
@@ -383,7 +437,10 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
     It counts every finite step; on reaching `dynamic_growth_steps` the scale
     doubles and it restarts at 0, as it does on a non-finite step, where the
-    scale halves.
+    scale halves. With a `hysteresis` above 1 a non-finite step that does not
+    halve the scale sets it to minus the length of the run of consecutive
+    non-finite steps so far (at most `hysteresis - 1`); the next finite step
+    makes it 1.
 
     >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD())
     >>> int(opt.dynamic_counter)
@@ -391,6 +448,75 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     """
     if self.dynamic:
       return self._state.counter
+    return None
+
+  @property
+  def skipped_steps(self) -> tf.Variable | None:
+    """The number of steps skipped so far (an int64 variable); None if fixed.
+
+    A step with an Inf or NaN gradient is skipped (no variable or slot
+    changes) and adds one, in the same cross-replica update as the loss
+    scale, so every replica and worker holds the same count. It counts the
+    steps of this optimizer object since it was created: it is not
+    checkpointed (TF 2.4's checkpoints have no such key), so it starts at 0
+    again after a restore. It is None with a fixed loss scale, which never
+    skips, and when the optimizer was made in a TF1 graph (there, a step is
+    skipped exactly when a gradient given to `apply_gradients` holds an Inf
+    or NaN on any replica: fetch that check with the train op).
+
+    Whether one step was applied is whether the count did not move; in a
+    `tf.function` read it before and after `apply_gradients`:
+
+    >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(1.), initial_scale=8)
+    >>> var = tf.Variable(1.)
+    >>> @tf.function
+    ... def step(grad):
+    ...   skipped_before = opt.skipped_steps.read_value()
+    ...   opt.apply_gradients([(grad, var)])
+    ...   return opt.skipped_steps == skipped_before  # True: applied
+    >>> bool(step(tf.constant(float('nan')))), bool(step(tf.constant(0.5)))
+    (False, True)
+    >>> int(opt.skipped_steps), int(opt.iterations), float(var.numpy())
+    (1, 2, 0.5)
+    """
+    if self.dynamic:
+      return self._state.skipped
+    return None
+
+  @property
+  def min_loss_scale(self) -> float | None:
+    """A dynamic loss scale never halves below it (1 unless set); None if fixed.
+
+    >>> LossScaleOptimizer(tf.keras.optimizers.SGD(),
+    ...                    min_loss_scale=2.**-4).min_loss_scale
+    0.0625
+    """
+    if self.dynamic:
+      return self._state.settings.min_scale
+    return None
+
+  @property
+  def max_loss_scale(self) -> float | None:
+    """A dynamic loss scale never doubles above it (Inf: unbounded, unless
+    set); None if fixed.
+
+    >>> LossScaleOptimizer(tf.keras.optimizers.SGD()).max_loss_scale
+    inf
+    """
+    if self.dynamic:
+      return self._state.settings.max_scale
+    return None
+
+  @property
+  def hysteresis(self) -> int | None:
+    """Consecutive non-finite steps at which a dynamic loss scale halves (1
+    unless set); None if fixed.
+
+    >>> LossScaleOptimizer(tf.keras.optimizers.SGD(), hysteresis=3).hysteresis
+    3
+    """
+    if self.dynamic:
+      return self._state.settings.hysteresis
     return None
 
   @property
@@ -717,12 +843,15 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     >>> type(opt).from_config(config).initial_scale
     8.0
     """
-    return {
+    config = {
       "inner_optimizer": self._adapter.serialize(),
       "dynamic": self.dynamic,
       "initial_scale": self.initial_scale,
       "dynamic_growth_steps": self.dynamic_growth_steps,
     }
+    if self.dynamic:
+      config.update(loss_scale_module.options_config(self._loss_scale))
+    return config
 
   def comparable_config(self) -> dict[str, Any]:
     """`get_config()` without the inner optimizer's automatic name.
@@ -832,6 +961,7 @@ def settings_from_legacy_loss_scale(loss_scale, deserializing=False):
       "dynamic": True,
       "initial_scale": loss_scale.initial_loss_scale,
       "dynamic_growth_steps": loss_scale.increment_period,
+      **loss_scale_module.options_config(loss_scale),
     }
   if isinstance(loss_scale, loss_scale_module.LossScale):
     if deserializing:

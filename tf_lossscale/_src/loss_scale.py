@@ -10,6 +10,8 @@ dynamic scale in a `DynamicLossScale` too and update it through
 
 import abc
 import itertools
+import math
+import numbers
 import weakref
 from typing import Any
 
@@ -184,6 +186,57 @@ class FixedLossScale(LossScale):
     return {"loss_scale_value": self._loss_scale_value}
 
 
+def scale_options(initial_scale, min_loss_scale=1.0, max_loss_scale=None, hysteresis=1):
+  """Checks the options beyond TF 2.4 of a dynamic scale.
+
+  Args:
+    initial_scale: The initial loss scale, which `max_loss_scale` may not be
+      below.
+    min_loss_scale: A finite number greater than 0 (may be below 1).
+    max_loss_scale: None or Inf (unbounded), or a number at least
+      `min_loss_scale`.
+    hysteresis: An int of at least 1.
+
+  Returns:
+    `(min_scale, max_scale, hysteresis)` as `float`, `float` (Inf when
+    unbounded) and `int`.
+
+  Raises:
+    ValueError: Naming the argument, what was passed and what is allowed.
+
+  >>> scale_options(2.**15, max_loss_scale=2.**20)
+  (1.0, 1048576.0, 1)
+  >>> scale_options(2.**15, hysteresis=0)
+  Traceback (most recent call last):
+  ...
+  ValueError: hysteresis must be an int of at least 1, but got: 0
+  """
+
+  def is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+  if not (is_number(min_loss_scale) and math.isfinite(min_loss_scale) and min_loss_scale > 0):
+    raise ValueError(
+      f"min_loss_scale must be a finite number greater than 0, but got: {min_loss_scale!r}"
+    )
+  max_scale = math.inf if max_loss_scale is None else max_loss_scale
+  if not (is_number(max_scale) and max_scale >= min_loss_scale):
+    raise ValueError(
+      "max_loss_scale must be None (unbounded) or a number at least min_loss_scale "
+      f"({float(min_loss_scale)}), but got: {max_loss_scale!r}"
+    )
+  if max_scale < initial_scale:
+    raise ValueError(
+      f"max_loss_scale must be at least the initial loss scale ({float(initial_scale)}), "
+      f"but got: {max_loss_scale!r}"
+    )
+  if not (isinstance(hysteresis, numbers.Integral) and not isinstance(hysteresis, bool)) or (
+    hysteresis < 1
+  ):
+    raise ValueError(f"hysteresis must be an int of at least 1, but got: {hysteresis!r}")
+  return float(min_loss_scale), float(max_scale), int(hysteresis)
+
+
 class DynamicLossScale(LossScale):
   """A loss scale that adapts to the gradients.
 
@@ -202,10 +255,34 @@ class DynamicLossScale(LossScale):
   (False, 4.0)
   >>> loss_scale
   DynamicLossScale(current_loss_scale=4.0, num_good_steps=0, initial_loss_scale=4.0, increment_period=2, multiplier=2.0)
+
+  Beyond TF 2.4, keyword-only options bound the scale and delay its
+  reduction (their defaults are TF 2.4's behaviour, and they are in
+  `get_config()` only when set), and `skipped_steps` counts the skipped
+  steps:
+
+  >>> loss_scale = DynamicLossScale(4, 2, min_loss_scale=0.5, hysteresis=2)
+  >>> scales = []
+  >>> for _ in range(5):  # Five non-finite steps: the first one only counts.
+  ...   _ = loss_scale.update([tf.constant(float('nan'))])
+  ...   scales.append(float(loss_scale()))
+  >>> scales
+  [4.0, 2.0, 1.0, 0.5, 0.5]
+  >>> int(loss_scale.skipped_steps)
+  5
+  >>> loss_scale.get_config()
+  {'initial_loss_scale': 4.0, 'increment_period': 2, 'multiplier': 2.0, 'min_loss_scale': 0.5, 'hysteresis': 2}
   """
 
   def __init__(
-    self, initial_loss_scale: float = 2**15, increment_period: int = 2000, multiplier: float = 2.0
+    self,
+    initial_loss_scale: float = 2**15,
+    increment_period: int = 2000,
+    multiplier: float = 2.0,
+    *,
+    min_loss_scale: float = 1.0,
+    max_loss_scale: float | None = None,
+    hysteresis: int = 1,
   ) -> None:
     """Creates the dynamic loss scale.
 
@@ -217,17 +294,49 @@ class DynamicLossScale(LossScale):
       increment_period: Python int, consecutive finite steps before the scale
         grows.
       multiplier: Python float, the growth and shrink factor.
+      min_loss_scale: Keyword-only, beyond TF 2.4: the scale never shrinks
+        below it. A finite number greater than 0; below 1 lets the scale
+        shrink under 1 (for losses whose gradients overflow even unscaled).
+        Defaults to 1, as in TF 2.4.
+      max_loss_scale: Keyword-only, beyond TF 2.4: the scale never grows
+        above it. None (the default, as in TF 2.4: unbounded, but never Inf)
+        or a number at least `min_loss_scale` and `initial_loss_scale`.
+      hysteresis: Keyword-only, beyond TF 2.4: the number of consecutive
+        non-finite steps at which the scale shrinks; every further
+        non-finite step of the same run shrinks it too, and a finite step
+        ends the run. Non-finite steps are skipped either way. Defaults to 1,
+        as in TF 2.4. While a run is shorter, `good_steps` holds minus its
+        length (so checkpoints keep TF 2.4's keys).
+
+    Raises:
+      ValueError: For an option outside what is allowed above.
     """
     super().__init__()
     self._settings = algorithm.ScaleSettings(
-      float(initial_loss_scale), int(increment_period), float(multiplier)
+      float(initial_loss_scale),
+      int(increment_period),
+      float(multiplier),
+      *scale_options(float(initial_loss_scale), min_loss_scale, max_loss_scale, hysteresis),
     )
     self._current_loss_scale = self._add_weight(
       "current_loss_scale", self._settings.initial_scale, tf.float32
     )
     self._num_good_steps = self._add_weight("good_steps", 0, tf.int64)
+    self._skipped_steps = None
+    if tf.compat.v1.executing_eagerly_outside_functions():
+      # Not a weight: not checkpointed (TF's checkpoints have no such key),
+      # and never made in a TF1 graph, whose default Saver saves every global
+      # variable.
+      self._skipped_steps = tf.Variable(
+        0,
+        dtype=tf.int64,
+        name="skipped_steps",
+        trainable=False,
+        synchronization=tf.VariableSynchronization.AUTO,
+        aggregation=tf.VariableAggregation.NONE,
+      )
     _DYNAMIC_STATES[self] = scale_state.DynamicState(
-      self._settings, self._current_loss_scale, self._num_good_steps
+      self._settings, self._current_loss_scale, self._num_good_steps, self._skipped_steps
     )
 
   @property
@@ -241,6 +350,53 @@ class DynamicLossScale(LossScale):
   @property
   def multiplier(self) -> float:
     return self._settings.multiplier
+
+  @property
+  def min_loss_scale(self) -> float:
+    """The scale never shrinks below it (1 unless set).
+
+    >>> DynamicLossScale().min_loss_scale
+    1.0
+    """
+    return self._settings.min_scale
+
+  @property
+  def max_loss_scale(self) -> float:
+    """The scale never grows above it (Inf, unbounded, unless set).
+
+    >>> DynamicLossScale(max_loss_scale=2.**16).max_loss_scale
+    65536.0
+    """
+    return self._settings.max_scale
+
+  @property
+  def hysteresis(self) -> int:
+    """Consecutive non-finite steps at which the scale shrinks (1 unless set).
+
+    >>> DynamicLossScale().hysteresis
+    1
+    """
+    return self._settings.hysteresis
+
+  @property
+  def skipped_steps(self) -> tf.Variable | None:
+    """The number of steps skipped so far, an int64 variable; None in a TF1 graph.
+
+    Every `update` with a non-finite gradient adds one, in the same
+    cross-replica update as the scale (so under a strategy every replica
+    holds the same count). It counts the updates of this object since it was
+    created: it is not checkpointed, so it starts at 0 again after a restore.
+    In a TF1 graph (`tf.compat.v1.Session`) there is no such variable (a
+    default `Saver` would save it); use the `should_apply_gradients` tensor
+    `update` returns.
+
+    >>> loss_scale = DynamicLossScale()
+    >>> _ = loss_scale.update([tf.constant(float('nan'))])
+    >>> _ = loss_scale.update([tf.constant(1.)])
+    >>> int(loss_scale.skipped_steps)
+    1
+    """
+    return self._skipped_steps
 
   def __call__(self):
     return tf.convert_to_tensor(self._current_loss_scale)
@@ -264,6 +420,7 @@ class DynamicLossScale(LossScale):
       f"initial_loss_scale={self.initial_loss_scale}, "
       f"increment_period={self.increment_period}, multiplier={self.multiplier}"
     )
+    settings += "".join(f", {k}={v}" for k, v in options_config(self).items())
     if tf.executing_eagerly():
       return (
         # str(), as TF's '%s': a float32 with the digits float32 needs.
@@ -277,7 +434,20 @@ class DynamicLossScale(LossScale):
       "initial_loss_scale": self.initial_loss_scale,
       "increment_period": self.increment_period,
       "multiplier": self.multiplier,
+      **options_config(self),
     }
+
+
+def options_config(loss_scale):
+  """The options beyond TF 2.4 of a `DynamicLossScale` that are not at their
+  defaults, as constructor keywords (empty for TF 2.4's behaviour)."""
+  defaults = algorithm.ScaleSettings()
+  options = {
+    "min_loss_scale": (loss_scale.min_loss_scale, defaults.min_scale),
+    "max_loss_scale": (loss_scale.max_loss_scale, defaults.max_scale),
+    "hysteresis": (loss_scale.hysteresis, defaults.hysteresis),
+  }
+  return {name: value for name, (value, default) in options.items() if value != default}
 
 
 # The state behind each DynamicLossScale, for the optimizers of this package

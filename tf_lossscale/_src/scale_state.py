@@ -27,7 +27,7 @@ def cond(pred, true_fn, false_fn):
 
 
 class DynamicState:
-  """The state of a dynamic loss scale: its settings and two variables.
+  """The state of a dynamic loss scale: its settings and variables.
 
   The variables belong to whoever tracks them in checkpoints (a legacy
   `DynamicLossScale`); this object updates them.
@@ -35,19 +35,28 @@ class DynamicState:
   Args:
     settings: An `algorithm.ScaleSettings`.
     scale: float32 scalar variable, the current loss scale.
-    counter: int64 scalar variable, finite steps since the scale last changed.
+    counter: int64 scalar variable, the counter of `algorithm.next_scale_and_counter`.
+    skipped: None, or an int64 scalar variable counting the skipped steps.
   """
 
-  def __init__(self, settings, scale, counter):
+  def __init__(self, settings, scale, counter, skipped=None):
     self.settings = settings
     self.scale = scale
     self.counter = counter
+    self.skipped = skipped
 
   @tf.autograph.experimental.do_not_convert
   def update(self, grads, grads_in_sync=False, apply_fn=None, skip_fn=None):
     """Decides one step (see `algorithm.update_scale_variables`)."""
     return _impl().update_scale_variables(
-      self.scale, self.counter, grads, self.settings, grads_in_sync, apply_fn, skip_fn
+      self.scale,
+      self.counter,
+      grads,
+      self.settings,
+      grads_in_sync,
+      apply_fn,
+      skip_fn,
+      skipped_var=self.skipped,
     )
 
 

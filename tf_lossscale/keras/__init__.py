@@ -1,5 +1,5 @@
 """Mirrors `tf.keras`."""
 
-from tf_lossscale.keras import mixed_precision
+from tf_lossscale.keras import callbacks, mixed_precision
 
-__all__ = ["mixed_precision"]
+__all__ = ["callbacks", "mixed_precision"]

@@ -1,0 +1,283 @@
+"""`tf_lossscale.keras.callbacks.LossScaleMonitor` in Keras 3's and tf_keras's `fit`.
+
+A model whose inputs are NaN on chosen steps (every row of those batches)
+makes exactly those steps non-finite. From an initial scale of 8 with growth
+every 2 finite steps, two epochs of the pattern finite, NaN, NaN, finite give,
+step by step, `SCALES` and `SKIPPED`.
+"""
+
+import glob
+import os
+import re
+import types
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import helpers
+from tf_lossscale._src import keras_callbacks
+from tf_lossscale.keras import callbacks
+from tf_lossscale.keras.mixed_precision import LossScaleOptimizer
+
+NAN = float("nan")
+EPOCH_PATTERN = [1.0, NAN, NAN, 1.0]
+EPOCHS = 2
+# After each of the 8 steps: the scale and the skipped steps in all.
+SCALES = [8.0, 4.0, 2.0, 2.0, 4.0, 2.0, 1.0, 1.0]
+SKIPPED = [0, 1, 2, 2, 2, 3, 4, 4]
+_STRATEGIES = {"default": tf.distribute.get_strategy()}
+
+
+def shared_strategy(name):
+  """No strategy, or one MirroredStrategy over two logical CPUs for this module."""
+  if name not in _STRATEGIES:
+    _STRATEGIES[name] = helpers.make_strategy(name)
+  return _STRATEGIES[name]
+
+
+FRAMEWORKS = {
+  "keras3": (keras, keras.optimizers.SGD),
+  "tf_keras": (tf_keras, tf_keras.optimizers.legacy.SGD),
+}
+
+
+def _model(framework, strategy="default", pattern=EPOCH_PATTERN, **lso_kwargs):
+  """A compiled Dense(1) model, and its inputs: batch i is `pattern[i]` (every row)."""
+  module, sgd = FRAMEWORKS[framework]
+  with shared_strategy(strategy).scope():
+    model = module.Sequential(
+      [module.Input((1,)), module.layers.Dense(1, use_bias=False, kernel_initializer="ones")]
+    )
+    lso_kwargs = {"initial_scale": 8, "dynamic_growth_steps": 2, **lso_kwargs}
+    model.compile(optimizer=LossScaleOptimizer(sgd(0.01), **lso_kwargs), loss="mse")
+  batch = 2  # One row per replica under MirroredStrategy.
+  x = np.repeat(np.array(pattern, "float32"), batch)[:, None]
+  return model, x, np.zeros_like(x), batch
+
+
+def _fit(model, x, y, batch, callback_list, **kwargs):
+  kwargs = {"epochs": EPOCHS, **kwargs}
+  return model.fit(
+    x, y, batch_size=batch, shuffle=False, verbose=0, callbacks=callback_list, **kwargs
+  )
+
+
+def _series(log_dir):
+  """{tag: {step: value}} of every event file under `log_dir`."""
+  series = {}
+  for path in glob.glob(os.path.join(log_dir, "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.tag in ("loss_scale", "skipped_steps"):
+          series.setdefault(value.tag, {})[event.step] = tf.make_ndarray(value.tensor).item()
+  return series
+
+
+def _expected(steps):
+  return {
+    "loss_scale": {s: SCALES[s - 1] for s in steps},
+    "skipped_steps": {s: SKIPPED[s - 1] for s in steps},
+  }
+
+
+def _tensorboard(framework, log_dir, **kwargs):
+  module, _ = FRAMEWORKS[framework]
+  return module.callbacks.TensorBoard(log_dir, write_graph=False, profile_batch=0, **kwargs)
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_fit_writes_the_series_to_tensorboard_and_the_epochs_to_history(
+  framework, strategy, tmp_path
+):
+  model, x, y, batch = _model(framework, strategy)
+  tensorboard = _tensorboard(framework, str(tmp_path))
+  monitor = callbacks.LossScaleMonitor(update_freq=1, tensorboard=tensorboard)
+  history = _fit(model, x, y, batch, [tensorboard, monitor])
+  assert _series(str(tmp_path / "train")) == _expected(range(1, 9))
+  assert history.history["loss_scale"] == [2.0, 1.0]
+  assert history.history["skipped_steps"] == [2, 2]
+  assert history.history["skipped_steps_total"] == [2, 4]
+  assert int(model.optimizer.iterations.numpy()) == 8
+
+
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_epoch_granularity_writes_at_each_epochs_last_step(framework, tmp_path):
+  model, x, y, batch = _model(framework)
+  _fit(model, x, y, batch, [callbacks.LossScaleMonitor(tensorboard=str(tmp_path))])
+  assert _series(str(tmp_path / "train")) == _expected([4, 8])
+
+
+def test_with_steps_per_execution_it_writes_at_most_once_per_execution(tmp_path):
+  model, x, y, batch = _model("keras3")
+  model.compile(optimizer=model.optimizer, loss="mse", steps_per_execution=2)
+  monitor = callbacks.LossScaleMonitor(update_freq=3, tensorboard=str(tmp_path))
+  history = _fit(model, x, y, batch, [monitor])
+  # Executions end at steps 2, 4, 6, 8: the first at or after 3 and after 6.
+  assert _series(str(tmp_path / "train")) == _expected([4, 6])
+  assert history.history["loss_scale"] == [2.0, 1.0]
+  assert history.history["skipped_steps"] == [2, 2]
+
+
+def test_a_tensorboard_callback_writing_batches_is_found_through_its_default_writer(tmp_path):
+  model, x, y, batch = _model("keras3")
+  tensorboard = _tensorboard("keras3", str(tmp_path), update_freq=1)
+  _fit(model, x, y, batch, [tensorboard, callbacks.LossScaleMonitor(update_freq=2)])
+  assert _series(str(tmp_path / "train")) == _expected([2, 4, 6, 8])
+
+
+def test_a_default_summary_writer_receives_the_series(tmp_path):
+  model, x, y, batch = _model("keras3")
+  writer = tf.summary.create_file_writer(str(tmp_path))
+  with writer.as_default():
+    _fit(model, x, y, batch, [callbacks.LossScaleMonitor(update_freq=4)])
+  writer.flush()
+  assert _series(str(tmp_path)) == _expected([4, 8])
+
+
+def test_epoch_logs_reach_a_tensorboard_callback_listed_after_it(tmp_path):
+  model, x, y, batch = _model("keras3")
+  tensorboard = _tensorboard("keras3", str(tmp_path))
+  _fit(model, x, y, batch, [callbacks.LossScaleMonitor(), tensorboard])
+  epoch_scales = {}
+  for path in glob.glob(str(tmp_path / "train" / "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.tag == "epoch_loss_scale":
+          epoch_scales[event.step] = tf.make_ndarray(value.tensor).item()
+  assert epoch_scales == {0: 2.0, 1: 1.0}
+
+
+def test_a_fixed_scale_logs_its_value_and_no_skipped_steps():
+  model, x, y, batch = _model("keras3", pattern=[1.0] * 4, dynamic=False, dynamic_growth_steps=None)
+  history = _fit(model, x, y, batch, [callbacks.LossScaleMonitor()])
+  assert history.history["loss_scale"] == [8.0, 8.0]
+  assert history.history["skipped_steps_total"] == [0, 0]
+
+
+# --- The minimum ---------------------------------------------------------------
+
+# From 4 with a minimum of 0.5, every step NaN: 2, 1, 0.5 (step 3, at the
+# minimum from then on: a run of 1), 0.5, ...: a run of 3 at step 5.
+ALL_NAN = dict(pattern=[NAN] * 4, initial_scale=4, min_loss_scale=0.5)
+
+
+def test_warns_once_with_the_numbers_when_the_scale_sits_at_its_minimum():
+  model, x, y, batch = _model("keras3", **ALL_NAN)
+  monitor = callbacks.LossScaleMonitor(min_scale_patience=3)
+  with pytest.warns(callbacks.LossScaleMinimumWarning) as caught:
+    history = _fit(model, x, y, batch, [monitor])
+  assert len(caught) == 1
+  message = str(caught[0].message)
+  assert "minimum (0.5, min_loss_scale) through the last 3 training steps" in message
+  assert "(at step 5; 5 steps skipped in all)" in message
+  assert history.history["loss_scale"] == [0.5, 0.5]
+
+
+def test_raise_stops_fit_at_the_patience():
+  model, x, y, batch = _model("keras3", **ALL_NAN)
+  monitor = callbacks.LossScaleMonitor(min_scale_patience=2, on_min_scale="raise")
+  with pytest.raises(RuntimeError, match=r"through the last 2 training steps.*at step 4"):
+    _fit(model, x, y, batch, [monitor])
+  assert int(model.optimizer.iterations.numpy()) == 4
+
+
+def test_ignore_and_a_finite_step_keep_quiet():
+  pattern = [NAN, NAN, NAN, 1.0]  # Runs at the minimum of 1, 1 (epoch 2: 1 from the start).
+  model, x, y, batch = _model("keras3", pattern=pattern, initial_scale=4, min_loss_scale=1)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", callbacks.LossScaleMinimumWarning)
+    _fit(model, x, y, batch, [callbacks.LossScaleMonitor(min_scale_patience=4)])
+  model, x, y, batch = _model("keras3", **ALL_NAN)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", callbacks.LossScaleMinimumWarning)
+    _fit(model, x, y, batch, [callbacks.LossScaleMonitor(1, on_min_scale="ignore")])
+
+
+# --- Chief, frameworks, arguments ------------------------------------------------
+
+
+def _resolver(cluster, task_type, task_id):
+  return tf.distribute.cluster_resolver.SimpleClusterResolver(
+    tf.train.ClusterSpec(cluster), task_type=task_type, task_id=task_id
+  )
+
+
+WORKERS = {"worker": ["localhost:1", "localhost:2"]}
+WITH_CHIEF = {"chief": ["localhost:0"], **WORKERS}
+
+
+@pytest.mark.parametrize(
+  "cluster, task_type, task_id, expected",
+  [
+    (WORKERS, "worker", 0, True),
+    (WORKERS, "worker", 1, False),
+    (WITH_CHIEF, "chief", 0, True),
+    (WITH_CHIEF, "worker", 0, False),
+    ({**WITH_CHIEF, "evaluator": ["localhost:3"]}, "evaluator", 0, False),
+  ],
+)
+def test_is_chief_of_a_cluster(cluster, task_type, task_id, expected):
+  strategy = types.SimpleNamespace(cluster_resolver=_resolver(cluster, task_type, task_id))
+  assert keras_callbacks.is_chief(strategy) is expected
+
+
+def test_is_chief_without_a_cluster():
+  assert keras_callbacks.is_chief(None)
+  assert keras_callbacks.is_chief(shared_strategy("mirrored"))
+
+
+def test_a_worker_that_is_not_the_chief_logs_but_writes_nothing(tmp_path, monkeypatch):
+  monkeypatch.setattr(keras_callbacks, "is_chief", lambda strategy: False)
+  model, x, y, batch = _model("keras3")
+  monitor = callbacks.LossScaleMonitor(update_freq=1, tensorboard=str(tmp_path))
+  history = _fit(model, x, y, batch, [monitor])
+  assert history.history["loss_scale"] == [2.0, 1.0]
+  assert not os.path.exists(tmp_path / "train")
+
+
+def test_one_monitor_is_a_callback_of_both_frameworks():
+  monitor = callbacks.LossScaleMonitor()
+  assert isinstance(monitor, keras.callbacks.Callback)
+  assert isinstance(monitor, tf_keras.callbacks.Callback)
+  assert isinstance(monitor, callbacks.LossScaleMonitor)
+  assert type(monitor).__name__ == "LossScaleMonitor"
+  assert type(callbacks.LossScaleMonitor()) is type(monitor)
+
+
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_a_model_without_our_optimizer_is_refused(framework):
+  module, sgd = FRAMEWORKS[framework]
+  model = module.Sequential([module.Input((1,)), module.layers.Dense(1)])
+  model.compile(optimizer=sgd(), loss="mse")
+  with pytest.raises(ValueError, match="needs a model compiled with a tf_lossscale"):
+    model.fit(np.ones((2, 1)), np.ones((2, 1)), verbose=0, callbacks=[callbacks.LossScaleMonitor()])
+
+
+@pytest.mark.parametrize(
+  "kwargs, message",
+  [
+    (
+      {"update_freq": "batch"},
+      "update_freq must be 'epoch' or an int of at least 1, but got: 'batch'",
+    ),
+    ({"update_freq": 0}, "update_freq must be 'epoch' or an int of at least 1, but got: 0"),
+    (
+      {"tensorboard": 3},
+      "tensorboard must be a TensorBoard callback, a log directory or None, but got: 3",
+    ),
+    ({"min_scale_patience": 0}, "min_scale_patience must be an int of at least 1, but got: 0"),
+    (
+      {"on_min_scale": "stop"},
+      "on_min_scale must be one of ('warn', 'raise', 'ignore'), but got: 'stop'",
+    ),
+  ],
+  ids=repr,
+)
+def test_argument_errors(kwargs, message):
+  with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    callbacks.LossScaleMonitor(**kwargs)

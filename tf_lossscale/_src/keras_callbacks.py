@@ -1,0 +1,292 @@
+"""`LossScaleMonitor`: the loss scale and skipped steps of a Keras `fit`, in view.
+
+One public class serves Keras 3's and tf_keras's `fit`. Callbacks never see
+the model's framework before `fit` runs, so the object must already be a
+callback of both: while tf_keras is imported, `LossScaleMonitor(...)` returns
+an instance of a cached subclass that also inherits
+`tf_keras.callbacks.Callback` (Keras 3's base comes first, so Keras 3's
+`set_model` and `model` serve both). A tf_keras model cannot exist before
+tf_keras is imported; a monitor made before that import is a Keras 3
+callback only.
+
+What it reads, after every batch (every execution with `steps_per_execution`
+above 1): the optimizer's `iterations`, `skipped_steps` and `loss_scale`.
+"""
+
+import os
+import sys
+import warnings
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_lossscale._src import keras_optimizer
+
+_ON_MIN_SCALE = ("warn", "raise", "ignore")
+# What TensorBoard's scalar summaries carry, so that TensorBoard shows ours as
+# scalars; written with `tf.summary.write`, which needs no tensorboard package.
+_SCALAR_METADATA = tf.compat.v1.SummaryMetadata(
+  plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
+)
+
+
+class LossScaleMinimumWarning(UserWarning):
+  """The loss scale sat at its minimum through a run of skipped steps."""
+
+
+def is_chief(strategy):
+  """Whether this process writes the summaries of a `fit` under `strategy`.
+
+  Every process of a multi-worker cluster computes the same numbers; one
+  writes them: the task of type `chief`, or, in a cluster without one,
+  worker 0. Without a cluster (no strategy, MirroredStrategy) the process
+  is the chief. Read from the strategy's public `cluster_resolver`.
+
+  Args:
+    strategy: A `tf.distribute.Strategy`, or None.
+
+  Returns:
+    A bool.
+
+  >>> is_chief(tf.distribute.get_strategy())
+  True
+  """
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if resolver is None or not resolver.task_type:
+    return True
+  if resolver.task_type == "chief":
+    return True
+  cluster = resolver.cluster_spec().as_dict()
+  return resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in cluster
+
+
+def _number(value):
+  """A Python number from a scalar (Keras or mirrored) variable or tensor."""
+  if isinstance(value, keras.Variable):
+    value = value.value
+  return tf.convert_to_tensor(value).numpy().item()
+
+
+class LossScaleMonitor(keras.callbacks.Callback):
+  """Shows the loss scale and skipped steps of a `fit`, and watches the minimum.
+
+  For a model compiled with a tf_lossscale `LossScaleOptimizer` (Keras 3 or
+  tf_keras; dynamic or fixed loss scale), it:
+
+  * adds to each epoch's logs, hence to the progress bar and `History`:
+    `loss_scale` (at the epoch's end), `skipped_steps` (skipped in the
+    epoch) and `skipped_steps_total` (skipped by the optimizer since it was
+    created; not checkpointed);
+  * writes the scalars `loss_scale` and `skipped_steps` (the total) at the
+    step `optimizer.iterations` (training steps, skipped ones included),
+    every `update_freq` steps or at each epoch's end, to
+    `<log_dir>/train` of the `tensorboard` given (a `TensorBoard` callback
+    of either framework, or a log directory), else to the default summary
+    writer while one is set (such as the one a `TensorBoard` callback with
+    a batch-level `update_freq` sets during training; its recording
+    condition applies), else nowhere. Callbacks do not see each other:
+    a `TensorBoard` callback elsewhere in the list is only found through
+    the default writer it sets. Placed before a `TensorBoard` callback in
+    the list, the epoch logs also reach it as `epoch_loss_scale`, ...;
+  * when the scale has sat at the optimizer's `min_loss_scale` through
+    `min_scale_patience` consecutive skipped steps (training is then going
+    nowhere), warns once per `fit` with the numbers
+    (`LossScaleMinimumWarning`), raises `RuntimeError` (stopping `fit`), or
+    does nothing, as `on_min_scale` says.
+
+  Under a `tf.distribute` strategy the numbers are the same on every replica
+  and worker; only the chief writes summaries (`is_chief`), and with
+  `on_min_scale='raise'` every worker raises at the same step. With
+  `steps_per_execution` above 1, the numbers are read once per execution:
+  summaries are written at the first execution's end at or after each
+  multiple of `update_freq` (at most one point per execution), and an
+  execution adds to a run at the minimum only when every one of its steps
+  was skipped.
+
+  >>> import numpy as np
+  >>> from tf_lossscale.keras.mixed_precision import LossScaleOptimizer
+  >>> model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+  >>> model.compile(LossScaleOptimizer(tf.keras.optimizers.SGD(), initial_scale=8),
+  ...               loss='mse')
+  >>> x = np.array([[1.], [np.nan], [1.], [1.]], 'float32')  # A NaN in batch 2
+  >>> history = model.fit(x, np.zeros((4, 1)), batch_size=1, epochs=2,
+  ...                     shuffle=False, verbose=0, callbacks=[LossScaleMonitor()])
+  >>> history.history['loss_scale'], history.history['skipped_steps']
+  ([4.0, 2.0], [1, 1])
+  >>> history.history['skipped_steps_total']
+  [1, 2]
+
+  Args:
+    update_freq: `'epoch'`, or an int: write the summaries every that many
+      training steps.
+    tensorboard: Where to write the summaries: a `TensorBoard` callback (its
+      `log_dir`), a directory, or None (the default writer, if any).
+    min_scale_patience: The number of consecutive skipped steps with the
+      scale at its minimum that `on_min_scale` acts on.
+    on_min_scale: `'warn'` (once per `fit`), `'raise'` or `'ignore'`.
+
+  Raises:
+    ValueError: For an argument outside what is allowed above; from `fit`,
+      when the model's optimizer is not a tf_lossscale `LossScaleOptimizer`.
+  """
+
+  def __new__(cls, *args, **kwargs):
+    del args, kwargs
+    if cls is LossScaleMonitor and "tf_keras" in sys.modules:
+      cls = _tf_keras_class()
+    return super().__new__(cls)
+
+  def __init__(
+    self,
+    update_freq: str | int = "epoch",
+    tensorboard: object | str | os.PathLike | None = None,
+    min_scale_patience: int = 10,
+    on_min_scale: str = "warn",
+  ) -> None:
+    super().__init__()
+    self._check_arguments(update_freq, tensorboard, min_scale_patience, on_min_scale)
+    self.update_freq = update_freq
+    self.min_scale_patience = min_scale_patience
+    self.on_min_scale = on_min_scale
+    self._log_dir = getattr(tensorboard, "log_dir", tensorboard)
+    self._writer = None
+
+  @staticmethod
+  def _check_arguments(update_freq, tensorboard, min_scale_patience, on_min_scale):
+    def positive_int(value):
+      return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    if update_freq != "epoch" and not positive_int(update_freq):
+      raise ValueError(
+        f"update_freq must be 'epoch' or an int of at least 1, but got: {update_freq!r}"
+      )
+    log_dir = getattr(tensorboard, "log_dir", tensorboard)
+    if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+      raise ValueError(
+        "tensorboard must be a TensorBoard callback, a log directory or None, "
+        f"but got: {tensorboard!r}"
+      )
+    if not positive_int(min_scale_patience):
+      raise ValueError(
+        f"min_scale_patience must be an int of at least 1, but got: {min_scale_patience!r}"
+      )
+    if on_min_scale not in _ON_MIN_SCALE:
+      raise ValueError(f"on_min_scale must be one of {_ON_MIN_SCALE}, but got: {on_min_scale!r}")
+
+  # --- Reading the optimizer ----------------------------------------------------
+
+  def _optimizer(self):
+    optimizer = getattr(self.model, "optimizer", None)
+    if not isinstance(optimizer, keras_optimizer.LossScaleOptimizer):
+      raise ValueError(
+        "LossScaleMonitor needs a model compiled with a tf_lossscale LossScaleOptimizer "
+        "(tf_lossscale.keras.mixed_precision.LossScaleOptimizer), but the model's optimizer "
+        f"is: {optimizer!r}"
+      )
+    return optimizer
+
+  def _read(self):
+    """(iterations, skipped steps in all, loss scale) now."""
+    optimizer = self._opt
+    skipped = optimizer.skipped_steps
+    return (
+      _number(optimizer.iterations),
+      0 if skipped is None else _number(skipped),
+      _number(optimizer.loss_scale),
+    )
+
+  # --- Callback hooks -------------------------------------------------------------
+
+  def on_train_begin(self, logs=None):
+    self._opt = self._optimizer()
+    strategy = getattr(self.model, "distribute_strategy", None)
+    self._chief = is_chief(strategy)
+    if self._log_dir is not None and self._chief:
+      self._writer = tf.summary.create_file_writer(os.path.join(os.fspath(self._log_dir), "train"))
+    self._last = self._read()
+    self._epoch_start_skipped = self._last[1]
+    self._run = 0  # Consecutive skipped steps with the scale at its minimum.
+    self._warned = False
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._epoch_start_skipped = self._last[1]
+
+  def on_train_batch_end(self, batch, logs=None):
+    previous, self._last = self._last, self._read()
+    self._watch_minimum(previous, self._last)
+    # Written at the first read at or after each multiple of update_freq.
+    if self.update_freq != "epoch" and (
+      self._last[0] // self.update_freq > previous[0] // self.update_freq
+    ):
+      self._write(*self._last)
+
+  def on_epoch_end(self, epoch, logs=None):
+    step, skipped, scale = self._last = self._read()
+    if logs is not None:
+      logs["loss_scale"] = scale
+      logs["skipped_steps"] = skipped - self._epoch_start_skipped
+      logs["skipped_steps_total"] = skipped
+    if self.update_freq == "epoch":
+      self._write(step, skipped, scale)
+
+  def on_train_end(self, logs=None):
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None
+
+  # --- Summaries and the minimum -----------------------------------------------------
+
+  def _write(self, step, skipped, scale):
+    if not self._chief:
+      return
+    if self._writer is not None:
+      with self._writer.as_default():
+        self._scalars(step, skipped, scale)
+      self._writer.flush()
+    else:
+      self._scalars(step, skipped, scale)  # Writes only while a default writer is set.
+
+  @staticmethod
+  def _scalars(step, skipped, scale):
+    for tag, value in (("loss_scale", scale), ("skipped_steps", skipped)):
+      tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=_SCALAR_METADATA)
+
+  def _watch_minimum(self, previous, now):
+    minimum = self._opt.min_loss_scale
+    steps, skipped = now[0] - previous[0], now[1] - previous[1]
+    if minimum is None or steps <= 0:
+      return
+    at_minimum = now[2] <= np.float32(minimum)
+    self._run = self._run + steps if (at_minimum and skipped == steps) else 0
+    if self._run < self.min_scale_patience or self.on_min_scale == "ignore":
+      return
+    message = (
+      f"The loss scale has sat at its minimum ({now[2]:g}, min_loss_scale) through the last "
+      f"{self._run} training steps, every one of them skipped for Inf or NaN gradients "
+      f"(at step {now[0]}; {now[1]} steps skipped in all): training is not progressing. "
+      "Look for Inf or NaN in the inputs, the loss or the model, or lower the learning rate "
+      "or min_loss_scale."
+    )
+    if self.on_min_scale == "raise":
+      raise RuntimeError(message)
+    if not self._warned:
+      self._warned = True
+      warnings.warn(message, LossScaleMinimumWarning, stacklevel=2)
+
+
+_TF_KERAS_CLASS = []
+
+
+def _tf_keras_class():
+  """`LossScaleMonitor` that is a tf_keras callback too (made once)."""
+  if not _TF_KERAS_CLASS:
+    tf_keras = sys.modules["tf_keras"]  # Imported already (see the module docstring).
+    _TF_KERAS_CLASS.append(
+      type(
+        LossScaleMonitor.__name__,
+        (LossScaleMonitor, tf_keras.callbacks.Callback),
+        {"__module__": LossScaleMonitor.__module__, "__qualname__": LossScaleMonitor.__qualname__},
+      )
+    )
+  return _TF_KERAS_CLASS[0]
