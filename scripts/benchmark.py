@@ -209,22 +209,22 @@ _FLOOR_SCALE = 2.0**15
 
 
 def _floor_grads(grads):
-  from tf_lossscale._src import dynamic_scale
+  from tf_lossscale._src import fast_paths
 
   grads = [g * (1 / _FLOOR_SCALE) for g in grads]
-  finite, _ = dynamic_scale._quick_and_exact(grads)  # pylint: disable=protected-access
+  finite, _ = fast_paths.quick_and_exact(grads)
   return grads, finite
 
 
 def _floor_apply(impl, finite, apply):
-  from tf_lossscale._src import dynamic_scale
+  from tf_lossscale._src import fast_paths
 
   if impl == "gated":
 
     def apply_and_return_nothing():  # What apply returns differs by optimizer.
       apply()
 
-    return dynamic_scale.cond(finite, apply_and_return_nothing, lambda: None)
+    return fast_paths.cond(finite, apply_and_return_nothing, lambda: None)
   with tf.control_dependencies([finite]):
     return apply()
 

@@ -15,9 +15,13 @@ import pytest
 import tensorflow as tf
 
 import helpers
-from tf_lossscale._src import dynamic_scale, scaling
+from tf_lossscale._src import algorithm, fast_paths, scale_state
 from tf_lossscale.compat.v1.mixed_precision import MixedPrecisionLossScaleOptimizer
 from tf_lossscale.keras.mixed_precision import LossScaleOptimizer
+
+pytestmark = pytest.mark.skipif(
+  not fast_paths.enabled(), reason="pins the fast paths, off with TF_LOSSSCALE_FAST_PATHS=0"
+)
 
 
 def _lowering_of_top_level_ifs(graph, with_resources=True):
@@ -159,11 +163,11 @@ def _mixed_grads(rows):
 
 def test_eager_unscale_is_one_call_with_the_numbers_of_op_by_op():
   scale = tf.constant(3.0)  # A reciprocal that is not exact in binary.
-  calls = scaling._times_call  # pylint: disable=protected-access
+  calls = fast_paths._times_call  # pylint: disable=protected-access
   calls._concrete.clear()  # pylint: disable=protected-access
   for rows in (2, 5, 7):  # Sparse gradients change shape every step.
     grads = _mixed_grads(rows) * 4  # 16 gradients: enough to take one call.
-    unscaled = scaling.unscale_gradients(grads, scale)
+    unscaled = scale_state.unscale_gradients(grads, scale)
     assert [g is None for g in unscaled] == [g is None for g in grads]
     for got, grad in zip(unscaled, grads, strict=True):
       if grad is None:
@@ -186,17 +190,17 @@ def test_eager_check_with_sparse_gradients(bad):
     values = grads[3].values.numpy()
     values[1, 2] = bad
     grads[3] = tf.IndexedSlices(tf.constant(values), grads[3].indices, grads[3].dense_shape)
-  assert bool(dynamic_scale.all_finite(grads)) == (bad is None)
+  assert bool(fast_paths.all_finite(grads)) == (bad is None)
 
 
 def test_eager_check_under_a_strategy_runs_op_by_op():
   strategy = helpers.make_strategy("mirrored")
   grads = [tf.constant([1.0, 2.0]), tf.constant([float("inf")])]
   with strategy.scope():
-    assert not dynamic_scale.eager_outside_strategies()
-    assert not bool(dynamic_scale.all_finite(grads))
-    assert bool(dynamic_scale.all_finite(grads[:1]))
-  assert dynamic_scale.eager_outside_strategies()
+    assert not fast_paths.eager_outside_strategies()
+    assert not bool(fast_paths.all_finite(grads))
+    assert bool(fast_paths.all_finite(grads[:1]))
+  assert fast_paths.eager_outside_strategies()
 
 
 # --- TF1 graphs: one Switch gates the apply -----------------------------------
@@ -237,12 +241,12 @@ def test_tf1_graph_cond_returns_the_taken_branch_s_values():
   with graph.as_default():
     pred = tf.compat.v1.placeholder(tf.bool, [])
     outer = tf.constant([1.0, 2.0])
-    result = dynamic_scale.cond(
+    result = fast_paths.cond(
       pred, lambda: (outer, {"n": tf.constant(1)}), lambda: (outer * 3, {"n": tf.constant(2)})
     )
-    op = dynamic_scale.cond(pred, tf.no_op, lambda: None)
+    op = fast_paths.cond(pred, tf.no_op, lambda: None)
     with pytest.raises(ValueError, match="same structure"):
-      dynamic_scale.cond(pred, lambda: tf.constant(1), lambda: tf.constant(1.0))
+      fast_paths.cond(pred, lambda: tf.constant(1), lambda: tf.constant(1.0))
   assert isinstance(op, tf.Operation)
   with tf.compat.v1.Session(graph=graph) as session:
     for taken, (values, n) in ((True, ([1.0, 2.0], 1)), (False, ([3.0, 6.0], 2))):
@@ -278,8 +282,8 @@ def test_tf1_graph_cond_runs_what_the_taken_branch_makes_and_does_not_return():
 
       return branch
 
-    op = dynamic_scale.cond(pred, bump(counters[1]), bump(counters[0]))
-    value = dynamic_scale.cond(
+    op = fast_paths.cond(pred, bump(counters[1]), bump(counters[0]))
+    value = fast_paths.cond(
       pred, lambda: (bump(counters[1])(), tf.constant(1))[1], lambda: tf.constant(0)
     )
   with tf.compat.v1.Session(graph=graph) as session:
@@ -296,20 +300,129 @@ def test_eager_update_is_one_call_with_the_numbers_of_op_by_op(monkeypatch):
   # Check, transition and both assigns in one call; the same states as op by op.
   sequence = [[1.0, 2.0], [3e38, 3e38], [1.0, float("inf")], [float("nan"), 1.0], [0.5, 0.5]] * 2
 
+  settings = algorithm.ScaleSettings(growth_steps=2, multiplier=3.0)
+
   def run(one_call):
-    monkeypatch.setattr(dynamic_scale, "_eager_one_call", lambda *_: one_call)
+    monkeypatch.setattr(fast_paths, "_eager_one_call", lambda *_: one_call)
     scale, counter = tf.Variable(4.0), tf.Variable(0, dtype=tf.int64)
     states = []
     for values in sequence:
-      _, finite = dynamic_scale.update_scale_variables(
-        scale, counter, [tf.constant(values), None], 2, 3.0
+      _, finite = fast_paths.update_scale_variables(
+        scale, counter, [tf.constant(values), None], settings
       )
       states.append((bool(finite), float(scale.numpy()), int(counter.numpy())))
     return states
 
-  calls = dynamic_scale._check_and_step_call  # pylint: disable=protected-access
+  calls = fast_paths._check_and_step_call  # pylint: disable=protected-access
   calls._concrete.clear()  # pylint: disable=protected-access
   fused = run(True)
   assert len(calls._concrete) == 1  # pylint: disable=protected-access
   assert fused == run(False)
   assert [f for f, _, _ in fused] == [True, True, False, False, True] * 2
+
+
+# --- all_finite: behaviours a faster check must keep --------------------------
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+BIG = 0.75 * FLOAT32_MAX
+INF, NAN = float("inf"), float("nan")
+
+FAST_CHECK_TRAPS = {
+  # A sum of finite values may overflow: that is no reason to skip.
+  "same_shape_grads_overflow_elementwise": (lambda: [tf.fill([4], BIG)] * 3, True),
+  "partial_sums_overflow_only_when_added": (
+    lambda: [tf.constant([BIG]), tf.fill([2, 1], BIG)],
+    True,
+  ),
+  "overflow_to_inf_then_back_down": (lambda: [tf.constant([BIG, BIG, -BIG, -BIG])], True),
+  "float32_and_float64_overflow_together": (
+    lambda: [tf.constant([BIG]), tf.constant([1.7e308, 1.7e308], tf.float64)],
+    True,
+  ),
+  "negative_zero_and_denormals": (lambda: [tf.constant([-0.0, 1e-45, -1e-40])], True),
+  # Inf and -Inf must not cancel, in one gradient or across gradients.
+  "inf_and_minus_inf_in_one_grad": (lambda: [tf.constant([INF, -INF])], False),
+  "inf_and_minus_inf_in_same_shape_grads": (
+    lambda: [tf.constant([INF]), tf.constant([-INF])],
+    False,
+  ),
+  # Inf x 0 is NaN: a check built on multiplying by zero must still see it.
+  "inf_among_zeros_of_many_same_shape_grads": (
+    lambda: [tf.zeros([8])] * 20 + [tf.constant([0.0] * 7 + [INF])],
+    False,
+  ),
+  "nan_after_an_overflowing_sum": (lambda: [tf.constant([BIG, BIG, NAN])], False),
+  # XLA's CPU max drops NaN: a max(|g|) check would call this finite.
+  "nan_beside_finite_values": (lambda: [tf.ones([3]), tf.constant([1.0, NAN, 2.0])], False),
+  "nan_at_the_end_of_a_large_grad": (
+    lambda: [tf.concat([tf.ones([100_000]), tf.constant([NAN])], 0)],
+    False,
+  ),
+  "inf_in_float16_beside_float32": (
+    lambda: [tf.ones([3]), tf.constant([1.0, INF], tf.float16)],
+    False,
+  ),
+}
+
+MODES = {
+  "eager": lambda fn: fn,
+  "function": tf.function,
+  # XLA's algebraic simplifier must not fold a check away either.
+  "xla": lambda fn: tf.function(fn, jit_compile=True),
+}
+
+
+@pytest.mark.parametrize("mode", [*MODES, "xla_if"])
+@pytest.mark.parametrize("grads, expected", FAST_CHECK_TRAPS.values(), ids=FAST_CHECK_TRAPS)
+def test_all_finite_skips_exactly_on_nan_or_inf_never_on_overflow(
+  grads, expected, mode, monkeypatch
+):
+  if mode == "xla_if":  # Under XLA, few gradients are checked with no If: check the If too.
+    monkeypatch.setattr(fast_paths, "XLA_IF_FREE_UP_TO", 0)
+    mode = "xla"
+  grads = grads()
+  assert bool(MODES[mode](lambda: fast_paths.all_finite(grads))()) is expected
+
+
+def _fused_step(grads):
+  """The scale update with the conditional apply, as the optimizers call it."""
+  scale, counter = tf.Variable(8.0), tf.Variable(0, dtype=tf.int64)
+  applied, skipped = tf.Variable(0), tf.Variable(0)
+
+  def step():
+    update_op, finite = fast_paths.update_scale_variables(
+      scale,
+      counter,
+      grads(),
+      algorithm.ScaleSettings(growth_steps=2),
+      apply_fn=lambda: applied.assign_add(1),
+      skip_fn=lambda: skipped.assign_add(1),
+    )
+    return update_op, finite
+
+  return step, (scale, counter, applied, skipped)
+
+
+@pytest.mark.parametrize("mode", ["function", "xla", "xla_if", "graph"])
+@pytest.mark.parametrize("grads, expected", FAST_CHECK_TRAPS.values(), ids=FAST_CHECK_TRAPS)
+def test_check_fused_with_the_apply_decides_exactly_too(grads, expected, mode, monkeypatch):
+  # In a function (not XLA's) the check and the conditional apply share one If op, with
+  # the exact check nested in its skip branch; in a TF1 graph each is gated by a Switch;
+  # under XLA few gradients are checked with no If: the same traps must hold everywhere.
+  if mode == "xla_if":
+    monkeypatch.setattr(fast_paths, "XLA_IF_FREE_UP_TO", 0)
+    mode = "xla"
+  if mode == "graph":
+    with tf.Graph().as_default():
+      step, state = _fused_step(grads)
+      update_op, finite = step()
+      with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        _, finite = sess.run([update_op, finite])
+        state = sess.run(state)
+  else:
+    step, state = _fused_step(grads)
+    finite = tf.function(lambda: step()[1], jit_compile=mode == "xla")()
+    state = [v.numpy() for v in state]
+  assert bool(finite) is expected
+  assert list(state) == ([8.0, 1, 1, 0] if expected else [4.0, 0, 0, 1])

@@ -81,7 +81,8 @@ def _run_in_session(ls_kwargs, grad_values):
     ls = loss_scale.DynamicLossScale(**ls_kwargs)
     grad = tf.compat.v1.placeholder(tf.float32, [2])
     update_op, should_apply = ls.update([grad, None])
-    assert isinstance(update_op, tf.Operation)
+    # A tensor, as TF's (a cond's output): it can be fetched and passed to tf.identity.
+    update_op = tf.identity(update_op)
     assert should_apply.dtype == tf.bool and should_apply.shape == []
     sess.run(tf.compat.v1.global_variables_initializer())
     results = []

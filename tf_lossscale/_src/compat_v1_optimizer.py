@@ -6,9 +6,11 @@ hands the gradients to the loss scale's `update` (once, in a cross-replica
 context) and lets the wrapped optimizer apply them only when `update` says so.
 """
 
+from typing import Any
+
 import tensorflow as tf
 
-from tf_lossscale._src import dynamic_scale, scaling
+from tf_lossscale._src import framework_internals, scale_state
 from tf_lossscale._src import loss_scale as loss_scale_module
 
 _V1Optimizer = tf.compat.v1.train.Optimizer
@@ -73,7 +75,7 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
   -0.5
   """
 
-  def __init__(self, opt, loss_scale):
+  def __init__(self, opt: tf.compat.v1.train.Optimizer, loss_scale: Any) -> None:
     """Wraps `opt`.
 
     Args:
@@ -89,7 +91,7 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     """
     if not isinstance(opt, _V1Optimizer):
       raise ValueError(f'"opt" must be an instance of Optimizer, but got: {type(opt)}')
-    super().__init__(opt._use_locking, opt.get_name())  # pylint: disable=protected-access
+    super().__init__(framework_internals.v1_optimizer_use_locking(opt), opt.get_name())
     self._optimizer = opt
     self._loss_scale = loss_scale_module.get(loss_scale)
     if self._loss_scale is None:
@@ -149,14 +151,14 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     4.0
     """
     grads_and_vars = self._optimizer.compute_gradients(
-      loss=scaling.scale_loss(loss, self._loss_scale()),
+      loss=scale_state.scale_loss(loss, self._loss_scale()),
       var_list=var_list,
       gate_gradients=gate_gradients,
       aggregation_method=aggregation_method,
       colocate_gradients_with_ops=colocate_gradients_with_ops,
       grad_loss=grad_loss,
     )
-    grads = scaling.unscale_gradients([g for g, _ in grads_and_vars], self._loss_scale())
+    grads = scale_state.unscale_gradients([g for g, _ in grads_and_vars], self._loss_scale())
     return list(zip(grads, [v for _, v in grads_and_vars], strict=True))
 
   # No AutoGraph needed here (see the Keras LossScaleOptimizer.apply_gradients).
@@ -220,19 +222,14 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
       )
       return strategy.group(per_replica_ops)
 
-    loss_scale = self._loss_scale
-    update = getattr(loss_scale.update, "__func__", None)
-    if isinstance(loss_scale, loss_scale_module.DynamicLossScale) and (
-      update is loss_scale_module.DynamicLossScale.update
-    ):
+    state = loss_scale_module.dynamic_state(self._loss_scale)
+    if state is not None:
       # Our own update: it runs the apply itself (sharing the check's If op in
-      # a function graph, behind a Switch in a TF1 graph).
-      update_op, _ = loss_scale._update(  # pylint: disable=protected-access
-        grads, grads_in_sync=False, apply_fn=apply, skip_fn=tf.no_op
-      )
+      # a function graph).
+      update_op, _ = state.update(grads, apply_fn=apply, skip_fn=tf.no_op)
       return tf.group(update_op, name=name)
-    update_scale, should_apply = loss_scale.update(grads)
-    return tf.group(dynamic_scale.cond(should_apply, apply, tf.no_op), update_scale, name=name)
+    update_scale, should_apply = self._loss_scale.update(grads)
+    return tf.group(scale_state.cond(should_apply, apply, tf.no_op), update_scale, name=name)
 
   def minimize(
     self,
@@ -339,13 +336,9 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     >>> [v.name for v in opt.variables()]
     ['w/Momentum...:0', 'current_loss_scale:0', 'good_steps:0']
     """
-    graph_key = loss_scale_module._graph_key()  # pylint: disable=protected-access
-    scale_variables = [
-      v
-      for (_, key), v in self._loss_scale._weights.items()  # pylint: disable=protected-access
-      if key == graph_key
-    ]
-    return self._optimizer.variables() + scale_variables
+    # The loss scale's checkpointed children are its variables of this graph.
+    children = tf.train.TrackableView.children(self._loss_scale).values()
+    return self._optimizer.variables() + [v for v in children if isinstance(v, tf.Variable)]
 
   # The wrapped optimizer applies the gradients: these hooks of the base class
   # are never reached.

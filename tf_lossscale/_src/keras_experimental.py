@@ -1,9 +1,11 @@
 """The deprecated experimental Keras `LossScaleOptimizer(optimizer, loss_scale)`."""
 
-import keras
-from tensorflow.python.platform import tf_logging
+from typing import Any
 
-from tf_lossscale._src import keras_optimizer
+import tensorflow as tf
+
+from tf_lossscale._src import families, keras_optimizer
+from tf_lossscale._src import loss_scale as loss_scale_module
 
 
 class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
@@ -74,14 +76,14 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
       `DynamicLossScale`.
   """
 
-  _REGISTERED_NAME = "ExperimentalLossScaleOptimizer"
-
-  def __init__(self, optimizer, loss_scale):
-    settings = keras_optimizer._settings_from_legacy_loss_scale(loss_scale)  # pylint: disable=protected-access
+  def __init__(
+    self, optimizer: Any, loss_scale: "str | float | loss_scale_module.LossScale"
+  ) -> None:
+    settings = keras_optimizer.settings_from_legacy_loss_scale(loss_scale)
     arguments = "".join(f", {key}={value}" for key, value in settings.items() if key != "dynamic")
     if not settings["dynamic"]:
       arguments = ", dynamic=False" + arguments
-    tf_logging.warning(
+    tf.get_logger().warning(
       "tf_lossscale.keras.mixed_precision.experimental.LossScaleOptimizer is "
       "deprecated. Please use tf_lossscale.keras.mixed_precision.LossScaleOptimizer "
       "instead. For example\n"
@@ -90,7 +92,9 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
     super().__init__(optimizer, **settings)
 
   @classmethod
-  def from_config(cls, config, custom_objects=None):
+  def from_config(
+    cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None
+  ) -> "LossScaleOptimizer":
     """Creates the optimizer from `get_config()`'s output (either class's).
 
     Args:
@@ -108,7 +112,7 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
     if "loss_scale" not in config:
       config["optimizer"] = config.pop("inner_optimizer")
       if config.pop("dynamic", True):
-        config["loss_scale"] = keras_optimizer.loss_scale_module.DynamicLossScale(
+        config["loss_scale"] = loss_scale_module.DynamicLossScale(
           config.pop("initial_scale"), config.pop("dynamic_growth_steps")
         )
       else:
@@ -116,14 +120,13 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
         config.pop("dynamic_growth_steps", None)
     optimizer = config.pop("optimizer")
     if isinstance(optimizer, dict):
-      optimizer = cls._deserialize_inner(optimizer, custom_objects)
+      optimizer = keras_optimizer.deserialize_inner(cls, optimizer, custom_objects)
     loss_scale = config.pop("loss_scale")
     if isinstance(loss_scale, dict):
-      loss_scale = keras_optimizer.loss_scale_module.deserialize(loss_scale)
+      loss_scale = loss_scale_module.deserialize(loss_scale)
+      keras_optimizer.settings_from_legacy_loss_scale(loss_scale, deserializing=True)
     public_cls = getattr(cls, "_public_class", cls)
     return public_cls(optimizer, loss_scale)
 
 
-keras.saving.register_keras_serializable("tf_lossscale", LossScaleOptimizer._REGISTERED_NAME)(  # pylint: disable=protected-access
-  LossScaleOptimizer
-)
+families.register_public_class(LossScaleOptimizer, "ExperimentalLossScaleOptimizer")

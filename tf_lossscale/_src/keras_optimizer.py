@@ -1,24 +1,23 @@
 """The Keras `LossScaleOptimizer` of TF 2.4, for every inner-optimizer family.
 
 One public class, `LossScaleOptimizer`, holds all the loss-scaling logic. Its
-`__new__` looks at the inner optimizer and returns an instance of a cached
-concrete class `(LossScaleOptimizer, <family base>)`, where the family base
-(`keras_keras3.Keras3Family`; `keras_tf_keras.OptimizerV2Family` for
-`tf_keras.optimizers.legacy`, `keras_tf_keras.TfKerasOptimizerFamily` for the
-newer `tf_keras.optimizers`) makes the object an optimizer of that framework
-and supplies a few thin hooks: how to
-all-reduce gradients once, how to apply already-reduced gradients, how to
-count a skipped step, which hyperparameters to delegate and how to
-(de)serialize the inner optimizer. The experimental subclass goes through the
-same dispatch, so `isinstance` works as in TF 2.4 both ways.
+`__new__` finds the family of the inner optimizer (`families/`: Keras 3,
+tf_keras's OptimizerV2, tf_keras's newer optimizers) and returns an instance
+of a cached concrete class `(LossScaleOptimizer, family.optimizer_api)`: the
+second base makes the object an optimizer of that framework. The wrapper
+holds an adapter of that family for its inner optimizer, which knows how to
+all-reduce gradients once, apply already-reduced gradients, count a skipped
+step, delegate hyperparameters and (de)serialize the inner optimizer. The
+experimental subclass goes through the same dispatch, so `isinstance` works
+as in TF 2.4 both ways.
 
 How a step is applied (`apply_gradients`), for every family:
 
 1. In replica context the UNSCALED gradients are all-reduced once.
 2. `merge_call` enters the cross-replica context, where the dynamic scale
    decides once, from the all-reduced gradients, whether they are all finite
-   (`DynamicLossScale._update(..., grads_in_sync=True)`): every replica
-   reaches the same decision without more communication.
+   (`DynamicState.update(..., grads_in_sync=True)`): every replica reaches
+   the same decision without more communication.
 3. A `cond` either applies the reduced gradients through the inner optimizer
    on every replica (which must not reduce them again) or skips the step,
    only counting it in the inner optimizer's `iterations`.
@@ -29,59 +28,17 @@ for an OptimizerV2 under CentralStorageStrategy (which must aggregate itself),
 step 1 is left out and step 2 counts each replica's own finiteness instead.
 """
 
-import sys
 import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-import keras
 import tensorflow as tf
 
+from tf_lossscale._src import families, framework_internals, scale_state
 from tf_lossscale._src import loss_scale as loss_scale_module
-from tf_lossscale._src import scaling
 
 _DEFAULT_INITIAL_SCALE = 2.0**15
 _DEFAULT_GROWTH_STEPS = 2000
-
-# The hyperparameters TF 2.4's OptimizerV2 of each kind exposed (`_set_hyper`),
-# by class name. For optimizers without `_hyper` (Keras 3, new tf_keras) these
-# names are delegated when the inner optimizer has such an attribute.
-_TF24_HYPERPARAMETERS = {
-  "SGD": ("momentum", "decay"),
-  "Adam": ("beta_1", "beta_2", "decay"),
-  "Adamax": ("beta_1", "beta_2", "decay"),
-  "Nadam": ("beta_1", "beta_2", "decay"),
-  "RMSprop": ("rho", "momentum", "decay"),
-  "Adadelta": ("rho", "decay"),
-  "Adagrad": ("decay",),
-  "Ftrl": (
-    "learning_rate_power",
-    "l1_regularization_strength",
-    "l2_regularization_strength",
-    "beta",
-    "decay",
-  ),
-}
-
-
-def tf24_hyperparameters(optimizer, classes):
-  """Names of `optimizer`'s attributes that TF 2.4 treated as hyperparameters.
-
-  Args:
-    optimizer: An optimizer without `_hyper` (Keras 3, new tf_keras).
-    classes: The module holding its framework's optimizer classes, e.g.
-      `keras.optimizers`; subclasses (Keras 3's AdamW of Adam) count too.
-
-  Returns:
-    A set of names, `learning_rate` included.
-
-  >>> sorted(tf24_hyperparameters(tf.keras.optimizers.Adam(), tf.keras.optimizers))
-  ['beta_1', 'beta_2', 'learning_rate']
-  """
-  names = {"learning_rate"}
-  for class_name, hypers in _TF24_HYPERPARAMETERS.items():
-    cls = getattr(classes, class_name, None)
-    if cls is not None and isinstance(optimizer, cls):
-      names.update(h for h in hypers if hasattr(optimizer, h))
-  return names
 
 
 class _Opaque:
@@ -98,7 +55,7 @@ class _Opaque:
     self.value = value
 
 
-class _BaseOptimizerPlaceholder(tf.__internal__.tracking.Trackable):
+class _BaseOptimizerPlaceholder(framework_internals.Trackable):
   """The empty `base_optimizer` child, for TF 2.2-era checkpoints.
 
   Up to TF 2.2 the wrapper tracked the inner optimizer as `base_optimizer`,
@@ -114,8 +71,8 @@ class _BaseOptimizerPlaceholder(tf.__internal__.tracking.Trackable):
     return self._optimizer.get_slot_names()
 
   def _create_or_restore_slot_variable(self, slot_variable_position, slot_name, variable):
-    return self._optimizer._create_or_restore_slot_variable(  # pylint: disable=protected-access
-      slot_variable_position, slot_name, variable
+    return framework_internals.v2_create_or_restore_slot_variable(
+      self._optimizer, slot_variable_position, slot_name, variable
     )
 
 
@@ -130,40 +87,25 @@ def _marks():
   return _SCALED_LOSS_MARKS.value
 
 
-def _families():
-  """The family bases that can take an inner optimizer, Keras 3 first.
-
-  tf_keras is optional and slow to import: its family is only considered once
-  the user has imported tf_keras (an OptimizerV2 cannot exist before that).
-  """
-  from tf_lossscale._src import keras_keras3  # pylint: disable=g-import-not-at-top
-
-  families = [keras_keras3.Keras3Family]
-  if "tf_keras" in sys.modules:
-    from tf_lossscale._src import keras_tf_keras  # pylint: disable=g-import-not-at-top
-
-    families += [keras_tf_keras.OptimizerV2Family, keras_tf_keras.TfKerasOptimizerFamily]
-  return families
-
-
 _CONCRETE_CLASSES = {}
 
 
 def _concrete_class(public_cls, family):
-  """The cached class `(public_cls, family)`, named like `public_cls`."""
+  """The cached class `(public_cls, family.optimizer_api)`, named like `public_cls`."""
   key = (public_cls, family)
   if key not in _CONCRETE_CLASSES:
     concrete = type(
       public_cls.__name__,
-      (public_cls, family),
+      (public_cls, family.optimizer_api),
       {
         "__module__": public_cls.__module__,
         "__qualname__": public_cls.__qualname__,
         "__doc__": public_cls.__doc__,
         "_public_class": public_cls,
+        "_family": family,
       },
     )
-    family._register_serializable(concrete, public_cls._REGISTERED_NAME)  # pylint: disable=protected-access
+    family.register_serializable(concrete, families.registered_name(public_cls))
     _CONCRETE_CLASSES[key] = concrete
   return _CONCRETE_CLASSES[key]
 
@@ -215,7 +157,7 @@ def _not_an_optimizer_error(inner_optimizer):
   )
 
 
-class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
+class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
   """An optimizer that applies loss scaling to prevent numeric underflow.
 
   Loss scaling is a technique to prevent numeric underflow in intermediate
@@ -334,34 +276,38 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
       False and `initial_scale` is missing or `dynamic_growth_steps` given.
   """
 
-  _REGISTERED_NAME = "LossScaleOptimizer"
-
   def __new__(cls, inner_optimizer=None, *args, **kwargs):
     del args, kwargs
     public_cls = getattr(cls, "_public_class", cls)
     if inner_optimizer is None and public_cls is not cls:
       # copy / pickle protocol: the concrete class is already known.
       return super().__new__(cls)
-    for family in _families():
-      if family._accepts(inner_optimizer):  # pylint: disable=protected-access
-        return super().__new__(_concrete_class(public_cls, family))
-    raise _not_an_optimizer_error(inner_optimizer)
+    family = families.for_optimizer(inner_optimizer)
+    if family is None:
+      raise _not_an_optimizer_error(inner_optimizer)
+    return super().__new__(_concrete_class(public_cls, family))
 
-  def __init__(self, inner_optimizer, dynamic=True, initial_scale=None, dynamic_growth_steps=None):
+  def __init__(
+    self,
+    inner_optimizer: Any,
+    dynamic: bool = True,
+    initial_scale: float | None = None,
+    dynamic_growth_steps: int | None = None,
+  ) -> None:
     if not isinstance(dynamic, bool):
       # Catches the second positional argument of the experimental class
       # (a loss scale) passed to this class.
       raise TypeError(
         f'"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, but got: {dynamic!r}'
       )
-    if isinstance(inner_optimizer, LossScaleOptimizer) or self._is_loss_scale_optimizer(
+    if isinstance(inner_optimizer, LossScaleOptimizer) or self._family.is_loss_scale_optimizer(
       inner_optimizer
     ):
       raise TypeError(
         f"LossScaleOptimizer cannot wrap another LossScaleOptimizer, but got: {inner_optimizer}"
       )
     _raise_if_strategy_unsupported()
-    if getattr(inner_optimizer, "_is_wrapped_by_loss_scale_optimizer", False):
+    if framework_internals.is_wrapped(inner_optimizer):
       # Wrapper and inner optimizer share one checkpoint node: two wrappers of
       # one optimizer would fight over it.
       raise ValueError(
@@ -373,7 +319,10 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
       if dynamic_growth_steps is None:
         dynamic_growth_steps = _DEFAULT_GROWTH_STEPS
       with tf.init_scope():
-        state = loss_scale_module.DynamicLossScale(initial_scale, int(dynamic_growth_steps), 2.0)
+        loss_scale = loss_scale_module.DynamicLossScale(
+          initial_scale, int(dynamic_growth_steps), 2.0
+        )
+      state = loss_scale_module.dynamic_state(loss_scale)
     else:
       if initial_scale is None:
         raise ValueError('"initial_scale" must be specified if "dynamic" is False')
@@ -382,16 +331,18 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
           '"dynamic_growth_steps" must be None if "dynamic" is False, '
           f"but got: {dynamic_growth_steps}"
         )
-      state = float(initial_scale)
+      loss_scale, state = float(initial_scale), None
+    self._family.init_wrapper(self)
     self._set_internal("_optimizer", inner_optimizer)
-    self._set_internal("_loss_scale", state)
-    self._init_family()
-    inner_optimizer._is_wrapped_by_loss_scale_optimizer = True  # pylint: disable=protected-access
+    self._set_internal("_adapter", self._family(inner_optimizer))
+    self._set_internal("_loss_scale", loss_scale)
+    self._set_internal("_state", state)
+    framework_internals.mark_wrapped(inner_optimizer)
     # From here on the checkpoint node of the wrapper is the inner
     # optimizer's; the scale state and the placeholder hang from it.
-    self._set_internal("_trackable", inner_optimizer)
+    framework_internals.delegate_tracking(self, inner_optimizer)
     if self.dynamic:
-      self._track_trackable(state, "loss_scale", overwrite=True)
+      self._track_trackable(loss_scale, "loss_scale", overwrite=True)
     if hasattr(inner_optimizer, "get_slot_names"):
       # Only optimizers with slot variables (OptimizerV2) existed in TF 2.2.
       self._track_trackable(
@@ -405,16 +356,16 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
   # --- Loss-scale attributes -------------------------------------------------
 
   @property
-  def dynamic(self):
+  def dynamic(self) -> bool:
     """Bool, whether the loss scale is dynamic.
 
     >>> LossScaleOptimizer(tf.keras.optimizers.SGD()).dynamic
     True
     """
-    return isinstance(self._loss_scale, loss_scale_module.DynamicLossScale)
+    return self._state is not None
 
   @property
-  def loss_scale(self):
+  def loss_scale(self) -> tf.Tensor:
     """The current loss scale as a float32 scalar tensor.
 
     >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(), dynamic=False,
@@ -423,11 +374,11 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
     8.0
     """
     if self.dynamic:
-      return self._loss_scale()
+      return tf.convert_to_tensor(self._state.scale)
     return tf.convert_to_tensor(self._loss_scale, tf.float32)
 
   @property
-  def dynamic_counter(self):
+  def dynamic_counter(self) -> tf.Variable | None:
     """Steps since the loss scale last changed (a variable); None if fixed.
 
     It counts every finite step; on reaching `dynamic_growth_steps` the scale
@@ -439,22 +390,22 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
     0
     """
     if self.dynamic:
-      return self._loss_scale._num_good_steps  # pylint: disable=protected-access
+      return self._state.counter
     return None
 
   @property
-  def initial_scale(self):
+  def initial_scale(self) -> float:
     """The initial loss scale (the only one when `dynamic` is False).
 
     >>> LossScaleOptimizer(tf.keras.optimizers.SGD()).initial_scale
     32768.0
     """
     if self.dynamic:
-      return self._loss_scale.initial_loss_scale
+      return self._state.settings.initial_scale
     return self._loss_scale
 
   @property
-  def dynamic_growth_steps(self):
+  def dynamic_growth_steps(self) -> int | None:
     """Finite steps before a dynamic loss scale doubles; None if fixed.
 
     >>> LossScaleOptimizer(tf.keras.optimizers.SGD(),
@@ -462,11 +413,11 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
     10
     """
     if self.dynamic:
-      return self._loss_scale.increment_period
+      return self._state.settings.growth_steps
     return None
 
   @property
-  def inner_optimizer(self):
+  def inner_optimizer(self) -> Any:
     """The optimizer this `LossScaleOptimizer` wraps.
 
     >>> sgd = tf.keras.optimizers.SGD()
@@ -478,7 +429,7 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
   # --- Scaling ----------------------------------------------------------------
 
   @tf.autograph.experimental.do_not_convert
-  def get_scaled_loss(self, loss):
+  def get_scaled_loss(self, loss: tf.Tensor | Callable[[], tf.Tensor]) -> Any:
     """Multiplies the loss by the loss scale.
 
     Only needed when computing gradients yourself, e.g. with a
@@ -498,11 +449,11 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
     <tf.Tensor: shape=(), dtype=float16, numpy=6.0>
     """
     if callable(loss):
-      return scaling.scale_loss(loss, lambda: self.loss_scale)
-    return scaling.scale_loss(loss, self.loss_scale)
+      return scale_state.scale_loss(loss, lambda: self.loss_scale)
+    return scale_state.scale_loss(loss, self.loss_scale)
 
   @tf.autograph.experimental.do_not_convert
-  def get_unscaled_gradients(self, grads):
+  def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
     """Divides every gradient by the loss scale.
 
     Args:
@@ -519,10 +470,10 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
     ...  for g in opt.get_unscaled_gradients([tf.constant(2.), None])]
     [0.5, None]
     """
-    return scaling.unscale_gradients(grads, self.loss_scale)
+    return scale_state.unscale_gradients(grads, self.loss_scale)
 
   @tf.autograph.experimental.do_not_convert
-  def scale_loss(self, loss):
+  def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
     """Keras 3's training-loop hook: scales `loss`, expects scaled gradients.
 
     Keras 3's `Model.fit` calls it and then passes the gradients of the
@@ -562,7 +513,14 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
 
   # --- Applying ---------------------------------------------------------------
 
-  def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
+  def minimize(
+    self,
+    loss: tf.Tensor | Callable[[], tf.Tensor],
+    var_list: Any,
+    grad_loss: tf.Tensor | None = None,
+    name: str | None = None,
+    tape: tf.GradientTape | None = None,
+  ) -> tf.Operation | None:
     """Minimizes `loss` over `var_list`, with loss scaling.
 
     Scales the loss, computes the gradients, unscales them and calls
@@ -602,9 +560,14 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
 
   # Nothing on this path needs AutoGraph (the same code runs eagerly and in
   # TF1 graphs); converting it, down to the finiteness check, took longer
-  # than tracing the rest of the step (100 variables: 4.8 s -> 2.4 s).
+  # than tracing the rest of the step (docs/benchmarks.md, "Tracing").
   @tf.autograph.experimental.do_not_convert
-  def apply_gradients(self, grads_and_vars, name=None, experimental_aggregate_gradients=True):
+  def apply_gradients(
+    self,
+    grads_and_vars: Iterable[tuple[Any, tf.Variable]],
+    name: str | None = None,
+    experimental_aggregate_gradients: bool = True,
+  ) -> tf.Operation | None:
     """Applies UNSCALED gradients, skipping non-finite steps.
 
     Under a `tf.distribute` strategy the gradients are all-reduced first
@@ -643,15 +606,15 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
     grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
     if not grads_and_vars:
       raise ValueError("No gradients provided for any variable.")
-    self._build_inner([v for _, v in grads_and_vars])
+    self._adapter.build([v for _, v in grads_and_vars])
     # Reduced here, the gradients are the same on every replica and one
     # replica's finiteness is everyone's. Without aggregation (the caller's
     # choice) or where the inner optimizer must aggregate itself, each
     # replica's finiteness counts.
-    inner_aggregates = experimental_aggregate_gradients and not self._can_apply_reduced()
+    inner_aggregates = experimental_aggregate_gradients and not self._adapter.can_apply_reduced()
     in_sync = experimental_aggregate_gradients and not inner_aggregates
     if in_sync:
-      grads_and_vars = self._reduce_gradients(grads_and_vars)
+      grads_and_vars = self._adapter.reduce_gradients(grads_and_vars)
     grads = [g for g, _ in grads_and_vars]
     wrapped_vars = _Opaque([v for _, v in grads_and_vars])
     return tf.distribute.get_replica_context().merge_call(
@@ -661,18 +624,19 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
   def _apply_cross_replica(self, strategy, grads, wrapped_vars, name, in_sync, inner_aggregates):
     def apply_fn():
       return strategy.extended.call_for_each_replica(
-        self._apply_inner, args=(grads, wrapped_vars, name, inner_aggregates)
+        lambda g, v: self._adapter.apply(g, v.value, name, inner_aggregates),
+        args=(grads, wrapped_vars),
       )
 
     if not self.dynamic:
       return tf.group(*[op for op in tf.nest.flatten(apply_fn()) if op is not None])
     # The cond runs in cross-replica context: the inner optimizer's apply
     # calls merge_call, which a cond in replica context cannot contain.
-    update_op, _ = self._loss_scale._update(  # pylint: disable=protected-access
+    update_op, _ = self._state.update(
       grads,
       grads_in_sync=in_sync,
       apply_fn=apply_fn,
-      skip_fn=self._count_skipped_step,
+      skip_fn=self._adapter.count_skipped_step,
     )
     return update_op
 
@@ -703,23 +667,23 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
   def _delegated_hyperparameter(self, name):
     """`name` as the inner optimizer knows it if delegated, else None."""
     try:
-      optimizer = object.__getattribute__(self, "_optimizer")
+      adapter = object.__getattribute__(self, "_adapter")
     except AttributeError:
       return None
     name = "learning_rate" if name == "lr" else name
-    return name if name in self._hyperparameter_names(optimizer) else None
+    return name if name in adapter.hyperparameter_names() else None
 
   def __getattr__(self, name):
     # Only reached when normal lookup fails.
     hyper = None if name.startswith("__") else self._delegated_hyperparameter(name)
     if hyper is None:
       raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
-    return self._get_hyperparameter(hyper)
+    return self._adapter.get_hyperparameter(hyper)
 
   def __setattr__(self, name, value):
     hyper = self._delegated_hyperparameter(name)
     if hyper is not None and not self._has_own_attribute(name):
-      self._set_hyperparameter(hyper, value)
+      self._adapter.set_hyperparameter(hyper, value)
     else:
       super().__setattr__(name, value)
 
@@ -732,9 +696,9 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
 
   def __dir__(self):
     names = set(super().__dir__())
-    optimizer = self.__dict__.get("_optimizer")
-    if optimizer is not None:
-      hypers = self._hyperparameter_names(optimizer)
+    adapter = self.__dict__.get("_adapter")
+    if adapter is not None:
+      hypers = adapter.hyperparameter_names()
       names |= hypers
       if "learning_rate" in hypers:
         names.add("lr")
@@ -742,7 +706,7 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
 
   # --- Config -------------------------------------------------------------------
 
-  def get_config(self):
+  def get_config(self) -> dict[str, Any]:
     """Returns the config: the serialized inner optimizer and the scale settings.
 
     >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(name='sgd'),
@@ -754,13 +718,13 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
     8.0
     """
     return {
-      "inner_optimizer": self._serialize_inner(self._optimizer),
+      "inner_optimizer": self._adapter.serialize(),
       "dynamic": self.dynamic,
       "initial_scale": self.initial_scale,
       "dynamic_growth_steps": self.dynamic_growth_steps,
     }
 
-  def comparable_config(self):
+  def comparable_config(self) -> dict[str, Any]:
     """`get_config()` without the inner optimizer's automatic name.
 
     Keras 3 names each default optimizer uniquely (`sgd`, `sgd_1`, ...), so
@@ -779,14 +743,16 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
     True
     """
     config = self.get_config()
-    if self._has_automatic_name(self._optimizer):
+    if self._adapter.has_automatic_name():
       inner = dict(config["inner_optimizer"])
       inner["config"] = {k: v for k, v in inner["config"].items() if k != "name"}
       config["inner_optimizer"] = inner
     return config
 
   @classmethod
-  def from_config(cls, config, custom_objects=None):
+  def from_config(
+    cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None
+  ) -> "LossScaleOptimizer":
     """Creates a `LossScaleOptimizer` from `get_config()`'s output.
 
     Also accepts the config of TF 2.3's experimental class (keys `optimizer`
@@ -813,34 +779,23 @@ class LossScaleOptimizer(tf.__internal__.tracking.DelegatingTrackableMixin):
     """
     config = dict(config)
     if "loss_scale" in config:
-      config.update(_settings_from_legacy_loss_scale(config.pop("loss_scale"), deserializing=True))
+      config.update(settings_from_legacy_loss_scale(config.pop("loss_scale"), deserializing=True))
       config["inner_optimizer"] = config.pop("optimizer")
     inner = config.pop("inner_optimizer")
     if isinstance(inner, dict):
-      inner = cls._deserialize_inner(inner, custom_objects)
+      inner = deserialize_inner(cls, inner, custom_objects)
     public_cls = getattr(cls, "_public_class", cls)
     return public_cls(inner, **config)
 
-  @classmethod
-  def _deserialize_inner(cls, config, custom_objects):
-    """Deserializes an inner optimizer config of any family."""
-    family = cls if hasattr(cls, "_deserialize_family_inner") else None
-    if family is None:
-      # Keras 3 and tf_keras both write module `keras.optimizers`; only
-      # tf_keras writes `is_legacy_optimizer`.
-      legacy = str(config.get("module", "")).startswith("keras.optimizers.legacy")
-      if legacy or "is_legacy_optimizer" in config.get("config", {}):
-        from tf_lossscale._src import keras_tf_keras  # pylint: disable=g-import-not-at-top
 
-        family = (
-          keras_tf_keras.OptimizerV2Family if legacy else keras_tf_keras.TfKerasOptimizerFamily
-        )
-      else:
-        family = _families()[0]
-    return family._deserialize_family_inner(config, custom_objects)  # pylint: disable=protected-access
+def deserialize_inner(cls, config, custom_objects):
+  """Deserializes an inner optimizer config for `cls.from_config`: with the
+  family of `cls` when it is a concrete class, else the family that wrote it."""
+  family = getattr(cls, "_family", None) or families.for_config(config)
+  return family.deserialize(config, custom_objects)
 
 
-def _settings_from_legacy_loss_scale(loss_scale, deserializing=False):
+def settings_from_legacy_loss_scale(loss_scale, deserializing=False):
   """Constructor settings (`dynamic`, ...) equivalent to a TF1 loss scale.
 
   Args:
@@ -861,7 +816,7 @@ def _settings_from_legacy_loss_scale(loss_scale, deserializing=False):
   elif isinstance(loss_scale, str) and loss_scale == "dynamic":
     return {"dynamic": True}
   if isinstance(loss_scale, loss_scale_module.FixedLossScale):
-    return {"dynamic": False, "initial_scale": loss_scale._loss_scale_value}  # pylint: disable=protected-access
+    return {"dynamic": False, "initial_scale": loss_scale.get_config()["loss_scale_value"]}
   if isinstance(loss_scale, loss_scale_module.DynamicLossScale):
     if loss_scale.multiplier != 2:
       if deserializing:
@@ -895,6 +850,4 @@ def _settings_from_legacy_loss_scale(loss_scale, deserializing=False):
   )
 
 
-keras.saving.register_keras_serializable("tf_lossscale", LossScaleOptimizer._REGISTERED_NAME)(  # pylint: disable=protected-access
-  LossScaleOptimizer
-)
+families.register_public_class(LossScaleOptimizer, "LossScaleOptimizer")

@@ -1,29 +1,43 @@
 """The legacy `LossScale` classes of `tf.compat.v1.mixed_precision`.
 
 `LossScale` is the abstract base (trackable, subclassable by users),
-`FixedLossScale` a constant, `DynamicLossScale` the dynamic algorithm of
-`dynamic_scale.py` held in two variables, `current_loss_scale` and
-`good_steps` (the checkpoint keys TF used).
+`FixedLossScale` a constant, `DynamicLossScale` the algorithm of
+`algorithm.py` held in two variables, `current_loss_scale` and `good_steps`
+(the checkpoint keys TF used). The optimizers of this package keep their
+dynamic scale in a `DynamicLossScale` too and update it through
+`dynamic_state`.
 """
 
 import abc
+import itertools
+import weakref
+from typing import Any
 
 import tensorflow as tf
 
-from tf_lossscale._src import dynamic_scale
+from tf_lossscale._src import algorithm, framework_internals, scale_state
 
-_Trackable = tf.__internal__.tracking.Trackable
+_GRAPH_KEYS = weakref.WeakKeyDictionary()
+_NEXT_GRAPH_KEY = itertools.count()
 
 
 def _graph_key():
-  """Weights are kept per graph, so one object can serve several TF1 graphs."""
-  # Inside a tf.function the weights created eagerly are still the ones meant.
+  """Weights are kept per graph, so one object can serve several TF1 graphs.
+
+  The key of the outermost graph: inside a function, the weights of the graph
+  (or eager context) it is called from are the ones meant.
+  """
   if tf.compat.v1.executing_eagerly_outside_functions():
     return None
-  return tf.compat.v1.get_default_graph()._graph_key  # pylint: disable=protected-access
+  graph = tf.compat.v1.get_default_graph()
+  while getattr(graph, "outer_graph", None) is not None:
+    graph = graph.outer_graph
+  if graph not in _GRAPH_KEYS:
+    _GRAPH_KEYS[graph] = next(_NEXT_GRAPH_KEY)
+  return _GRAPH_KEYS[graph]
 
 
-class LossScale(_Trackable, metaclass=abc.ABCMeta):
+class LossScale(framework_internals.Trackable, metaclass=abc.ABCMeta):
   """Base class of the legacy (TF1-style) loss scales.
 
   Calling a `LossScale` returns the current loss scale as a float32 scalar;
@@ -52,11 +66,11 @@ class LossScale(_Trackable, metaclass=abc.ABCMeta):
     self._weights = {}
 
   @abc.abstractmethod
-  def __call__(self):
+  def __call__(self) -> tf.Tensor:
     """Returns the current loss scale as a scalar float32 tensor."""
 
   @abc.abstractmethod
-  def update(self, grads):
+  def update(self, grads: Any) -> tuple[Any, Any]:
     """Updates the loss scale from one step's unscaled gradients.
 
     Under a `tf.distribute` strategy, call it in a cross-replica context.
@@ -71,11 +85,11 @@ class LossScale(_Trackable, metaclass=abc.ABCMeta):
     """
 
   @abc.abstractmethod
-  def get_config(self):
+  def get_config(self) -> dict[str, Any]:
     """Returns the constructor arguments of this loss scale as a dict."""
 
   @classmethod
-  def from_config(cls, config):
+  def from_config(cls, config: dict[str, Any]) -> "LossScale":
     """Creates a loss scale from `get_config()`'s output."""
     return cls(**config)
 
@@ -136,7 +150,7 @@ class FixedLossScale(LossScale):
   True
   """
 
-  def __init__(self, loss_scale_value):
+  def __init__(self, loss_scale_value: float) -> None:
     """Creates the fixed loss scale.
 
     Args:
@@ -190,7 +204,9 @@ class DynamicLossScale(LossScale):
   DynamicLossScale(current_loss_scale=4.0, num_good_steps=0, initial_loss_scale=4.0, increment_period=2, multiplier=2.0)
   """
 
-  def __init__(self, initial_loss_scale=2**15, increment_period=2000, multiplier=2.0):
+  def __init__(
+    self, initial_loss_scale: float = 2**15, increment_period: int = 2000, multiplier: float = 2.0
+  ) -> None:
     """Creates the dynamic loss scale.
 
     Args:
@@ -203,25 +219,28 @@ class DynamicLossScale(LossScale):
       multiplier: Python float, the growth and shrink factor.
     """
     super().__init__()
-    self._initial_loss_scale = float(initial_loss_scale)
-    self._increment_period = int(increment_period)
-    self._multiplier = float(multiplier)
+    self._settings = algorithm.ScaleSettings(
+      float(initial_loss_scale), int(increment_period), float(multiplier)
+    )
     self._current_loss_scale = self._add_weight(
-      "current_loss_scale", self._initial_loss_scale, tf.float32
+      "current_loss_scale", self._settings.initial_scale, tf.float32
     )
     self._num_good_steps = self._add_weight("good_steps", 0, tf.int64)
+    _DYNAMIC_STATES[self] = scale_state.DynamicState(
+      self._settings, self._current_loss_scale, self._num_good_steps
+    )
 
   @property
-  def initial_loss_scale(self):
-    return self._initial_loss_scale
+  def initial_loss_scale(self) -> float:
+    return self._settings.initial_scale
 
   @property
-  def increment_period(self):
-    return self._increment_period
+  def increment_period(self) -> int:
+    return self._settings.growth_steps
 
   @property
-  def multiplier(self):
-    return self._multiplier
+  def multiplier(self) -> float:
+    return self._settings.multiplier
 
   def __call__(self):
     return tf.convert_to_tensor(self._current_loss_scale)
@@ -232,21 +251,13 @@ class DynamicLossScale(LossScale):
     Under a strategy every replica's gradients are checked and one non-finite
     replica makes all replicas skip.
     """
-    return self._update(grads, grads_in_sync=False)
-
-  def _update(self, grads, grads_in_sync, apply_fn=None, skip_fn=None):
-    """`update`, and with `apply_fn`/`skip_fn` the conditional apply too (see
-    `dynamic_scale.update_scale_variables`)."""
-    return dynamic_scale.update_scale_variables(
-      self._current_loss_scale,
-      self._num_good_steps,
-      grads,
-      self._increment_period,
-      self._multiplier,
-      grads_in_sync=grads_in_sync,
-      apply_fn=apply_fn,
-      skip_fn=skip_fn,
-    )
+    update_op, should_apply_gradients = _DYNAMIC_STATES[self].update(grads)
+    if update_op is not None:
+      # In a graph, a tensor, as TF's: it can be fetched, returned from a
+      # tf.function or passed to tf.identity.
+      with tf.control_dependencies([update_op]):
+        update_op = tf.identity(should_apply_gradients)
+    return update_op, should_apply_gradients
 
   def __repr__(self):
     settings = (
@@ -269,10 +280,30 @@ class DynamicLossScale(LossScale):
     }
 
 
+# The state behind each DynamicLossScale, for the optimizers of this package
+# (which hand it their apply, to run in the same conditional as the check).
+_DYNAMIC_STATES = weakref.WeakKeyDictionary()
+
+
+def dynamic_state(loss_scale):
+  """The `scale_state.DynamicState` a `DynamicLossScale` updates itself with.
+
+  Args:
+    loss_scale: Any `LossScale`.
+
+  Returns:
+    The state, or None when `loss_scale` is not a `DynamicLossScale` or is a
+    subclass with its own `update` (which must then be called instead).
+  """
+  if type(loss_scale).update is not DynamicLossScale.update:
+    return None
+  return _DYNAMIC_STATES.get(loss_scale)
+
+
 _BUILTIN = {"FixedLossScale": FixedLossScale, "DynamicLossScale": DynamicLossScale}
 
 
-def serialize(loss_scale):
+def serialize(loss_scale: LossScale) -> dict[str, Any]:
   """Returns `{'class_name': ..., 'config': ...}` for a `LossScale`.
 
   >>> serialize(FixedLossScale(8))
@@ -281,7 +312,7 @@ def serialize(loss_scale):
   return {"class_name": type(loss_scale).__name__, "config": loss_scale.get_config()}
 
 
-def deserialize(config, custom_objects=None):
+def deserialize(config: dict[str, Any], custom_objects: dict[str, type] | None = None) -> LossScale:
   """Creates a `LossScale` from `serialize()`'s output.
 
   Args:
@@ -313,7 +344,7 @@ def deserialize(config, custom_objects=None):
   return cls.from_config(config["config"])
 
 
-def get(identifier):
+def get(identifier: Any) -> LossScale | None:
   """Turns a loss-scale identifier into a `LossScale` (or None).
 
   Args:

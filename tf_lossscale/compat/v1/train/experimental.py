@@ -1,6 +1,17 @@
-"""Mirrors `tf.compat.v1.train.experimental`."""
+"""Mirrors `tf.compat.v1.train.experimental` (its loss-scaling part)."""
 
 from tf_lossscale._src.compat_v1_optimizer import MixedPrecisionLossScaleOptimizer
+from tf_lossscale._src.graph_rewrite import (
+  disable_mixed_precision_graph_rewrite,
+  enable_mixed_precision_graph_rewrite,
+)
 from tf_lossscale._src.loss_scale import DynamicLossScale, FixedLossScale, LossScale
 
-__all__ = ["DynamicLossScale", "FixedLossScale", "LossScale", "MixedPrecisionLossScaleOptimizer"]
+__all__ = [
+  "DynamicLossScale",
+  "FixedLossScale",
+  "LossScale",
+  "MixedPrecisionLossScaleOptimizer",
+  "disable_mixed_precision_graph_rewrite",
+  "enable_mixed_precision_graph_rewrite",
+]

@@ -1,4 +1,5 @@
-"""Tests of the dynamic loss-scale algorithm (`tf_lossscale/_src/dynamic_scale.py`).
+"""Tests of the dynamic loss-scale algorithm (`tf_lossscale/_src/algorithm.py`), and of the
+fast paths (`fast_paths.py`) against it: the same decisions and numbers.
 
 The reference is a plain Python model of TF 2.4's `DynamicLossScale` in float32
 (`model_step`), and TF's own `tf.compat.v1.mixed_precision.DynamicLossScale`.
@@ -13,7 +14,7 @@ from tensorflow.python.distribute import values as tf_values
 
 import helpers
 from tf_lossscale import loss_scale
-from tf_lossscale._src import dynamic_scale
+from tf_lossscale._src import algorithm, fast_paths
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 NAN = float("nan")
@@ -71,18 +72,23 @@ ALL_FINITE_CASES = {
 }
 
 
+CHECKS = {"reference": algorithm.all_finite, "fast": fast_paths.all_finite}
+
+
+@pytest.mark.parametrize("check", list(CHECKS))
 @pytest.mark.parametrize("grads, expected", ALL_FINITE_CASES.values(), ids=ALL_FINITE_CASES)
-def test_all_finite_is_false_exactly_when_a_gradient_holds_nan_or_inf(grads, expected, mode):
+def test_all_finite_is_false_exactly_when_a_gradient_holds_nan_or_inf(grads, expected, mode, check):
   grads = grads() if callable(grads) else grads
-  assert bool(mode(dynamic_scale.all_finite)(grads)) is expected
+  assert bool(mode(CHECKS[check])(grads)) is expected
 
 
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
 @pytest.mark.parametrize("bad", [NAN, INF, -INF])
 def test_all_finite_detects_each_non_finite_value_in_each_float_dtype(dtype, bad):
   finite = tf.constant([0.0, 1.0, -3.0], dtype)
-  assert bool(dynamic_scale.all_finite([finite]))
-  assert not bool(dynamic_scale.all_finite([finite, tf.constant([1.0, bad, 2.0], dtype)]))
+  for check in CHECKS.values():
+    assert bool(check([finite]))
+    assert not bool(check([finite, tf.constant([1.0, bad, 2.0], dtype)]))
 
 
 def test_all_finite_adds_at_most_three_ops_per_gradient():
@@ -91,7 +97,7 @@ def test_all_finite_adds_at_most_three_ops_per_gradient():
     with graph.as_default():
       grads = [tf.compat.v1.placeholder(tf.float32, [3, 4]) for _ in range(num_grads)]
       before = len(graph.get_operations())
-      dynamic_scale.all_finite(grads)
+      fast_paths.all_finite(grads)
       added = len(graph.get_operations()) - before
     # A sum per gradient, and the exact check gated by a Switch (a dozen ops
     # in all) with an is-finite and an all per gradient.
@@ -107,19 +113,22 @@ _TRANSITION_SIGNATURE = [
   tf.TensorSpec([], tf.int64),
   tf.TensorSpec([], tf.float32),
 ]
+
+
 # Tensor arguments, so each is traced once for all examples. (A Python-constant
 # multiplier lets graph optimizers turn `scale / multiplier` into a multiply by
 # the rounded reciprocal, 1 ulp off for multipliers that are not powers of 2;
 # TF's own class does the same.)
+def _next_scale_and_counter(scale, counter, finite, growth_steps, multiplier):
+  settings = algorithm.ScaleSettings(growth_steps=growth_steps, multiplier=multiplier)
+  return algorithm.next_scale_and_counter(scale, counter, finite, settings)
+
+
 TRANSITIONS = {
-  "eager": dynamic_scale.next_scale_and_counter,
-  "function": tf.function(
-    dynamic_scale.next_scale_and_counter, input_signature=_TRANSITION_SIGNATURE
-  ),
+  "eager": _next_scale_and_counter,
+  "function": tf.function(_next_scale_and_counter, input_signature=_TRANSITION_SIGNATURE),
   "jit": tf.function(
-    dynamic_scale.next_scale_and_counter,
-    input_signature=_TRANSITION_SIGNATURE,
-    jit_compile=True,
+    _next_scale_and_counter, input_signature=_TRANSITION_SIGNATURE, jit_compile=True
   ),
 }
 
@@ -181,8 +190,8 @@ def test_transition_pins_tf24_values(transition, scale, counter, finite, expecte
 
 
 def test_transition_accepts_python_values():
-  assert [float(x) for x in dynamic_scale.next_scale_and_counter(8.0, 1, True, 2, 2.0)] == [16, 0]
-  assert [float(x) for x in dynamic_scale.next_scale_and_counter(8.0, 1, False, 2, 2.0)] == [4, 0]
+  assert [float(x) for x in _next_scale_and_counter(8.0, 1, True, 2, 2.0)] == [16, 0]
+  assert [float(x) for x in _next_scale_and_counter(8.0, 1, False, 2, 2.0)] == [4, 0]
 
 
 # --- DynamicLossScale.update as a state machine ------------------------------
@@ -305,7 +314,7 @@ def test_replicas_all_finite_decides_once_for_all_replicas(
       if grads_in_sync:
         grad = ctx.all_reduce(tf.distribute.ReduceOp.MEAN, grad)
       finite = ctx.merge_call(
-        lambda _, g: dynamic_scale.replicas_all_finite([g, None], grads_in_sync),
+        lambda _, g: algorithm.replicas_all_finite([g, None], grads_in_sync),
         args=(grad,),
       )
       return tf.identity(finite)  # This replica's copy of the decision.
@@ -316,15 +325,20 @@ def test_replicas_all_finite_decides_once_for_all_replicas(
   assert results == [expected] * strategy.num_replicas_in_sync
 
 
+UPDATES = {"plain": algorithm.update_scale_variables, "fast": fast_paths.update_scale_variables}
+
+
+@pytest.mark.parametrize("update", list(UPDATES))
 @pytest.mark.parametrize("grads_in_sync", [True, False])
-def test_update_scale_variables_assigns_once_and_returns_decision(mode, grads_in_sync):
+def test_update_scale_variables_assigns_once_and_returns_decision(mode, grads_in_sync, update):
   scale = tf.Variable(8.0)
   counter = tf.Variable(1, dtype=tf.int64)
+  settings = algorithm.ScaleSettings(growth_steps=2)
 
   @mode
   def step(grad):
-    return dynamic_scale.update_scale_variables(
-      scale, counter, {"a": [grad, None]}, 2, 2.0, grads_in_sync=grads_in_sync
+    return UPDATES[update](
+      scale, counter, {"a": [grad, None]}, settings, grads_in_sync=grads_in_sync
     )[1]
 
   assert bool(step(tf.constant(1.0)))
@@ -357,7 +371,7 @@ def _ops_added(build):
 def test_all_finite_reads_same_shaped_gradients_with_one_sum(num_grads):
   def build():
     grads = [tf.compat.v1.placeholder(tf.float32, [3, 4]) for _ in range(num_grads)]
-    dynamic_scale.all_finite(grads)
+    fast_paths.all_finite(grads)
 
   ops = [t for t in _ops_added(build) if t != "Placeholder"]
   # Fast path: one AddN and one Sum for the group, one IsFinite on the total;
@@ -370,7 +384,7 @@ def test_all_finite_reads_same_shaped_gradients_with_one_sum(num_grads):
 def test_all_finite_sums_each_large_gradient_once():
   def build():
     grads = [tf.compat.v1.placeholder(tf.float32, [512, 1024 + i]) for i in range(6)]
-    dynamic_scale.all_finite(grads)
+    fast_paths.all_finite(grads)
 
   ops = _ops_added(build)
   assert ops.count("Sum") == 6 and ops.count("IsFinite") == 1, ops
@@ -379,7 +393,7 @@ def test_all_finite_sums_each_large_gradient_once():
 def test_all_finite_makes_no_full_size_temporary_on_finite_steps():
   # Only gradients of at most 2**16 elements are added element-wise.
   grads = [tf.ones([1 << 17])] * 3
-  concrete = tf.function(dynamic_scale.all_finite).get_concrete_function(grads)
+  concrete = tf.function(fast_paths.all_finite).get_concrete_function(grads)
   assert "AddN" not in [
     op.type for op in concrete.graph.get_operations() if op.outputs and op.outputs[0].shape.rank
   ]

@@ -1,0 +1,408 @@
+"""Keras dtype policies: Keras 3's re-exported, TF 2.4's deprecated experimental API rebuilt."""
+
+import logging
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import tf_lossscale
+from tf_lossscale._src import keras_policy
+from tf_lossscale.keras import mixed_precision
+from tf_lossscale.keras.mixed_precision import experimental
+
+# One Dense(1) kernel of ones, inputs of ones, targets 0: each SGD(0.1) step
+# multiplies the kernel by 0.6 (mse gradient 4 * w), so 3 steps give 0.216.
+X = np.ones((4, 2), "float32")
+Y = np.zeros((4, 1), "float32")
+
+
+@pytest.fixture(autouse=True)
+def _float32_policy_after():
+  yield
+  experimental.set_policy(None)
+  tf_keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.fixture
+def tf24_policy():
+  """TF's own copy of TF 2.4's Keras policies (still shipped, unused, in TF 2.21)."""
+  return pytest.importorskip("tensorflow.python.keras.mixed_precision.policy")
+
+
+def _config(loss_scale):
+  return None if loss_scale is None else tf_lossscale.loss_scale.serialize(loss_scale)
+
+
+def _tf24_config(loss_scale):
+  return (
+    None
+    if loss_scale is None
+    else {
+      "class_name": type(loss_scale).__name__,
+      "config": loss_scale.get_config(),
+    }
+  )
+
+
+# --- Today's Keras objects ---------------------------------------------------------
+
+
+def test_non_experimental_names_are_keras3_objects():
+  assert mixed_precision.Policy is keras.mixed_precision.Policy is keras.DTypePolicy
+  assert mixed_precision.global_policy is keras.mixed_precision.global_policy
+  assert mixed_precision.set_global_policy is keras.mixed_precision.set_global_policy
+  assert experimental.global_policy is mixed_precision.global_policy  # as in TF 2.4
+
+
+# --- experimental.Policy -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "name, loss_scale",
+  [
+    ("mixed_float16", "auto"),
+    ("mixed_bfloat16", "auto"),
+    ("float32", "auto"),
+    ("float16", "auto"),
+    ("float64", "auto"),
+    ("mixed_float16", None),
+    ("mixed_float16", "dynamic"),
+    ("mixed_float16", 128),
+    ("mixed_float16", 0.5 + 1.5),
+    ("float32", "dynamic"),
+    ("mixed_float16", {"class_name": "FixedLossScale", "config": {"loss_scale_value": 4.0}}),
+  ],
+)
+def test_policy_matches_tf24(tf24_policy, name, loss_scale):
+  ours = experimental.Policy(name, loss_scale)
+  theirs = tf24_policy.PolicyV1(name, loss_scale)
+  assert (ours.name, ours.compute_dtype, ours.variable_dtype) == (
+    theirs.name,
+    theirs.compute_dtype,
+    theirs.variable_dtype,
+  )
+  assert _config(ours.loss_scale) == _tf24_config(theirs.loss_scale)
+  assert ours.get_config() == theirs.get_config()
+  assert repr(ours) == repr(theirs)
+
+
+def test_auto_loss_scale_is_dynamic_for_mixed_float16_only():
+  scale = experimental.Policy("mixed_float16").loss_scale
+  assert isinstance(scale, tf_lossscale.DynamicLossScale)
+  assert (scale.initial_loss_scale, scale.increment_period, scale.multiplier) == (2**15, 2000, 2)
+  for name in ("mixed_bfloat16", "float32", "float16"):
+    assert experimental.Policy(name).loss_scale is None
+
+
+def test_a_loss_scale_object_is_kept():
+  scale = tf_lossscale.FixedLossScale(64)
+  assert experimental.Policy("mixed_float16", scale).loss_scale is scale
+
+
+def test_loss_scale_on_a_non_float16_policy_warns(caplog):
+  with caplog.at_level(logging.WARNING, logger="tensorflow"):
+    experimental.Policy("float32", loss_scale="dynamic")
+    experimental.Policy("mixed_bfloat16")
+    experimental.Policy("mixed_float16", loss_scale=8)
+  warnings = [
+    r.getMessage() for r in caplog.records if "loss scale is only useful" in r.getMessage()
+  ]
+  assert warnings == [
+    "Creating a Policy with a loss scale is only useful for float16 policies. You passed "
+    "loss_scale='dynamic' for policy float32. Consider not passing any loss_scale instead."
+  ]
+
+
+@pytest.mark.parametrize(
+  "name, loss_scale",
+  [
+    (tf.float16, "auto"),
+    (1, "auto"),
+    ("float16_with_float32_vars", "auto"),
+    ("infer_float32_vars", "auto"),
+    ("my_float32_vars", "auto"),
+    ("not_a_dtype", "auto"),
+    ("mixed_float16", "bogus"),
+  ],
+)
+def test_policy_errors_match_tf24(tf24_policy, name, loss_scale):
+  with pytest.raises((TypeError, ValueError)) as theirs:
+    tf24_policy.PolicyV1(name, loss_scale)
+  with pytest.raises(theirs.type) as ours:
+    experimental.Policy(name, loss_scale)
+  assert str(ours.value) == str(theirs.value)
+
+
+def test_policy_is_a_keras3_dtype_policy():
+  policy = experimental.Policy("mixed_float16", 128)
+  assert isinstance(policy, keras.DTypePolicy)
+  layer = keras.layers.Dense(2, dtype=policy)
+  y = layer(np.ones((1, 3), "float32"))
+  assert layer.dtype_policy is policy
+  assert y.dtype == "float16" and layer.kernel.dtype == "float32"
+
+
+def test_policy_config_round_trip():
+  for policy in (
+    experimental.Policy("mixed_float16"),
+    experimental.Policy("mixed_float16", None),
+    experimental.Policy("float32", tf_lossscale.DynamicLossScale(4, 3)),
+  ):
+    restored = experimental.Policy.from_config(policy.get_config())
+    assert restored.get_config() == policy.get_config()
+    assert _config(restored.loss_scale) == _config(policy.loss_scale)
+
+
+def test_policy_from_config_takes_custom_loss_scales():
+  class MyLossScale(tf_lossscale.FixedLossScale):
+    pass
+
+  config = {
+    "name": "mixed_float16",
+    "loss_scale": {"class_name": "MyLossScale", "config": {"loss_scale_value": 2.0}},
+  }
+  policy = experimental.Policy.from_config(config, custom_objects={"MyLossScale": MyLossScale})
+  assert type(policy.loss_scale) is MyLossScale
+
+
+def test_layers_saved_with_the_policy_load_with_a_plain_policy():
+  """As TF 2.4 documented: deserialized as the non-experimental Policy, loss scale dropped."""
+  experimental.set_policy(experimental.Policy("mixed_float16", 16))
+  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  restored = keras.Sequential.from_config(model.get_config())
+  reloaded = restored.layers[0].dtype_policy
+  assert isinstance(reloaded, keras.DTypePolicy) and not isinstance(reloaded, experimental.Policy)
+  assert reloaded.name == "mixed_float16"
+
+
+def test_policy_serializes_as_a_keras_object():
+  policy = experimental.Policy("mixed_float16", 32)
+  restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(policy))
+  assert type(restored) is experimental.Policy and restored.get_config() == policy.get_config()
+
+
+# --- The device check ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "gpus, level, text",
+  [
+    ([], logging.WARNING, "may run slowly because this machine does not have a GPU"),
+    (
+      [{"device_name": "Tesla P100", "compute_capability": (6, 0)}],
+      logging.WARNING,
+      "Your GPU may run slowly with dtype policy mixed_float16 because it does not have "
+      "compute capability of at least 7.0. Your GPU:\n  Tesla P100, compute capability 6.0\n",
+    ),
+    (
+      [
+        {"device_name": "V100", "compute_capability": (7, 0)},
+        {"device_name": "K80", "compute_capability": (3, 7)},
+        {"device_name": "K80", "compute_capability": (3, 7)},
+        {"device_name": "Unknown"},
+      ],
+      logging.WARNING,
+      "Some of your GPUs may run slowly with dtype policy mixed_float16 because they do not "
+      "all have compute capability of at least 7.0. Your GPUs:\n  V100, compute capability "
+      "7.0\n  K80, compute capability 3.7 (x2)\n  Unknown, no compute capability (probably "
+      "not an Nvidia GPU)\n",
+    ),
+    (
+      [{"device_name": "H100", "compute_capability": (9, 0)}],
+      logging.INFO,
+      "Your GPU will likely run quickly with dtype policy mixed_float16 as it has compute "
+      "capability of at least 7.0. Your GPU: H100, compute capability 9.0",
+    ),
+  ],
+)
+def test_device_check_messages(caplog, gpus, level, text):
+  with caplog.at_level(logging.INFO, logger="tensorflow"):
+    keras_policy._DeviceCheck.log(gpus)  # pylint: disable=protected-access
+  [record] = caplog.records
+  assert record.levelno == level
+  assert record.getMessage().startswith("Mixed precision compatibility check (mixed_float16): ")
+  assert text in record.getMessage()
+
+
+def test_device_check_logs_once_for_mixed_float16_only(caplog, monkeypatch):
+  monkeypatch.setattr(keras_policy._DeviceCheck, "logged", False)  # pylint: disable=protected-access
+  with caplog.at_level(logging.INFO, logger="tensorflow"):
+    experimental.Policy("mixed_bfloat16")
+    experimental.Policy("mixed_float16")
+    experimental.Policy("mixed_float16")
+  checks = [r for r in caplog.records if "compatibility check" in r.getMessage()]
+  assert len(checks) == 1
+
+
+# --- set_policy, global_policy, get_layer_policy -----------------------------------------
+
+
+def test_set_policy_makes_keras3_build_layers_and_models_with_it():
+  policy = experimental.Policy("mixed_float16", 1024)
+  experimental.set_policy(policy)
+  assert experimental.global_policy() is policy
+  assert keras.config.dtype_policy() is policy
+  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  assert model.dtype_policy is policy and model.layers[0].dtype_policy is policy
+
+
+@pytest.mark.parametrize("name", ["mixed_float16", "float64"])
+def test_set_policy_with_a_name_sets_a_plain_policy(name):
+  experimental.set_policy(name)
+  policy = experimental.global_policy()
+  assert isinstance(policy, keras.DTypePolicy) and not isinstance(policy, experimental.Policy)
+  assert policy.name == name
+
+
+def test_set_policy_none_restores_floatx():
+  experimental.set_policy("mixed_float16")
+  experimental.set_policy(None)
+  assert experimental.global_policy().name == keras.config.floatx()
+
+
+@pytest.mark.parametrize("policy", ["int32", experimental.Policy("bool")])
+def test_set_policy_refuses_non_floating_policies(policy):
+  with pytest.raises(ValueError) as e:
+    experimental.set_policy(policy)
+  assert str(e.value) == (
+    "set_policy can only be used to set the global policy to floating-point policies, "
+    'such as "float32" and "mixed_float16", but got policy: ' + str(getattr(policy, "name", policy))
+  )
+
+
+def test_set_policy_refuses_what_tf24_did():
+  with pytest.raises(TypeError, match="'name' must be a string, but got: 3"):
+    experimental.set_policy(3)
+
+
+def test_a_mixed_policy_blocks_tf_own_graph_rewrite():
+  experimental.set_policy("mixed_float16")
+  with pytest.raises(ValueError, match="global Keras dtype Policy has been set to a mixed"):
+    tf.compat.v1.mixed_precision.enable_mixed_precision_graph_rewrite(
+      tf.compat.v1.train.GradientDescentOptimizer(1.0)
+    )
+  experimental.set_policy("float32")
+  opt = tf.compat.v1.mixed_precision.enable_mixed_precision_graph_rewrite(
+    tf.compat.v1.train.GradientDescentOptimizer(1.0)
+  )
+  tf.compat.v1.mixed_precision.disable_mixed_precision_graph_rewrite()
+  assert opt is not None
+
+
+def test_get_layer_policy():
+  assert experimental.get_layer_policy(keras.layers.Dense(1, dtype="float64")).name == "float64"
+  tf_keras_layer = tf_keras.layers.Dense(1, dtype="mixed_float16")
+  assert experimental.get_layer_policy(tf_keras_layer) is tf_keras_layer.dtype_policy
+  with pytest.raises(ValueError, match="^get_policy can only be called on a layer, but got: 1$"):
+    experimental.get_layer_policy(1)
+
+
+# --- The policy's loss scale in training ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "policy, expected",
+  [
+    (lambda: experimental.Policy("mixed_float16"), ("experimental", True, 2.0**15, 2000)),
+    (lambda: experimental.Policy("mixed_float16", 64), ("experimental", False, 64.0, None)),
+    (lambda: experimental.Policy("float32", "dynamic"), ("experimental", True, 2.0**15, 2000)),
+    (lambda: experimental.Policy("mixed_float16", None), None),
+    (lambda: experimental.Policy("mixed_bfloat16"), None),
+    (lambda: keras.DTypePolicy("mixed_float16"), ("non-experimental", True, 2.0**15, 2000)),
+    (lambda: "mixed_float16", ("non-experimental", True, 2.0**15, 2000)),
+    (lambda: keras.DTypePolicy("float32"), None),
+    (
+      lambda: keras.layers.Dense(1, dtype=experimental.Policy("mixed_float16", 8)),
+      ("experimental", False, 8.0, None),
+    ),
+  ],
+)
+def test_wrap_optimizer_for_policy_follows_tf24_compile(policy, expected):
+  inner = keras.optimizers.SGD()
+  opt = experimental.wrap_optimizer_for_policy(inner, policy())
+  if expected is None:
+    assert opt is inner
+    return
+  kind, dynamic, initial_scale, growth_steps = expected
+  assert isinstance(opt, experimental.LossScaleOptimizer) == (kind == "experimental")
+  assert opt.inner_optimizer is inner
+  assert (opt.dynamic, opt.initial_scale, opt.dynamic_growth_steps) == (
+    dynamic,
+    initial_scale,
+    growth_steps,
+  )
+
+
+def test_wrap_optimizer_for_policy_defaults_to_the_global_policy():
+  experimental.set_policy(experimental.Policy("mixed_float16", 32))
+  opt = experimental.wrap_optimizer_for_policy("sgd")
+  assert isinstance(opt.inner_optimizer, keras.optimizers.SGD)
+  assert float(opt.loss_scale) == 32.0
+
+
+def test_wrap_optimizer_for_policy_leaves_loss_scale_optimizers_alone():
+  policy = experimental.Policy("mixed_float16")
+  for opt in (
+    mixed_precision.LossScaleOptimizer(keras.optimizers.SGD()),
+    keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()),
+  ):
+    assert experimental.wrap_optimizer_for_policy(opt, policy) is opt
+
+
+def _model():
+  return keras.Sequential(
+    [keras.Input((2,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")]
+  )
+
+
+def test_keras3_model_under_the_experimental_policy_trains_with_its_loss_scale(strategy):
+  experimental.set_policy(
+    experimental.Policy("mixed_float16", tf_lossscale.DynamicLossScale(4, increment_period=2))
+  )
+  with strategy.scope():
+    model = _model()
+    opt = experimental.wrap_optimizer_for_policy(keras.optimizers.SGD(0.1), model)
+    model.compile(optimizer=opt, loss="mse")
+  model.fit(X, Y, batch_size=4, epochs=3, verbose=0)
+  assert model.optimizer is opt  # Keras 3 did not wrap it in its own
+  assert model.layers[0].compute_dtype == "float16"
+  np.testing.assert_allclose(model.layers[0].kernel.numpy().ravel(), [0.216, 0.216], rtol=1e-3)
+  # 4 doubles after every 2 finite steps: 3 steps -> 8, one step counted.
+  assert float(opt.loss_scale) == 8.0 and int(opt.dynamic_counter.numpy()) == 1
+
+
+def test_keras3_model_under_the_experimental_policy_skips_overflowing_steps():
+  experimental.set_policy(
+    experimental.Policy("mixed_float16", tf_lossscale.DynamicLossScale(2.0**40))
+  )
+  model = _model()
+  opt = experimental.wrap_optimizer_for_policy(keras.optimizers.SGD(0.1), model)
+  model.compile(optimizer=opt, loss="mse")
+  model.fit(X, Y, batch_size=4, epochs=3, verbose=0)
+  assert float(opt.loss_scale) == 2.0**37  # float16 gradients overflowed: 3 steps skipped
+  np.testing.assert_array_equal(model.layers[0].kernel.numpy(), np.ones((2, 1)))
+
+
+def test_tf23_guide_snippet_trains():
+  # The TF 2.1-2.3 mixed precision guide, `tf` rewritten to `tf_lossscale` in the import.
+  from tf_lossscale.keras.mixed_precision import experimental as mixed_precision
+
+  policy = mixed_precision.Policy("mixed_float16")
+  mixed_precision.set_policy(policy)
+  keras.utils.set_random_seed(0)
+  inputs = keras.Input(shape=(2,))
+  x = keras.layers.Dense(8, activation="relu")(inputs)
+  x = keras.layers.Dense(1)(x)
+  outputs = keras.layers.Activation("linear", dtype="float32")(x)
+  model = keras.Model(inputs=inputs, outputs=outputs)
+  assert outputs.dtype == "float32" and model.layers[1].compute_dtype == "float16"
+  model.compile(loss="mse", optimizer=keras.optimizers.SGD(0.01))
+  history = model.fit(X, Y + 1.0, batch_size=4, epochs=30, verbose=0)
+  losses = history.history["loss"]
+  assert losses[-1] < losses[0] and np.isfinite(losses).all()
+  # Keras 3's compile wrapped it in its own dynamic LossScaleOptimizer, as
+  # TF 2.4's did with its own; wrap_optimizer_for_policy gives ours.
+  assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)

@@ -1,0 +1,182 @@
+"""The dynamic loss-scale algorithm, plainly, on one screen.
+
+One training step, as TF 2.4 did it for every loss-scaling API (and as every
+API of this package does it)::
+
+    finite = no element of any gradient, on any replica, is Inf or NaN
+    if finite:
+      apply the gradients
+      counter += 1
+      if counter == growth_steps:
+        counter = 0
+        if scale * multiplier is finite: scale = scale * multiplier
+    else:
+      skip the step: no variable or slot changes
+      counter = 0
+      scale = max(scale / multiplier, 1)
+
+This module holds it without speed-ups: the settings (`ScaleSettings`), the
+pure transition (`next_scale_and_counter`), TF 2.4's element-wise check
+(`all_finite`), one decision for all replicas (`replicas_all_finite`) and the
+update of the two state variables (`update_scale_variables`). `fast_paths.py`
+computes the same numbers faster; `scale_state.py` chooses between the two.
+Nothing here needs AutoGraph: it runs as is eagerly, in `tf.function` and in
+TF1 graphs.
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleSettings:
+  """The settings of a dynamic loss scale, shared by every API.
+
+  Attributes:
+    initial_scale: The scale before the first step.
+    growth_steps: Consecutive finite steps after which the scale grows.
+    multiplier: The growth and shrink factor.
+  """
+
+  initial_scale: float = 2.0**15
+  growth_steps: int = 2000
+  multiplier: float = 2.0
+
+
+@tf.autograph.experimental.do_not_convert
+def next_scale_and_counter(scale, counter, finite, settings):
+  """The pure transition: the next `(scale, counter)` after one step.
+
+  Args:
+    scale: float32 scalar, the current loss scale.
+    counter: int64 scalar, finite steps since the scale last changed.
+    finite: bool scalar, whether this step's gradients were all finite.
+    settings: A `ScaleSettings` (its fields may be scalar tensors).
+
+  Returns:
+    `(next_scale, next_counter)`, float32 and int64 scalar tensors.
+
+  >>> settings = ScaleSettings(growth_steps=2)
+  >>> s, c = next_scale_and_counter(8., 1, True, settings)
+  >>> float(s), int(c)
+  (16.0, 0)
+  >>> s, c = next_scale_and_counter(8., 1, False, settings)
+  >>> float(s), int(c)
+  (4.0, 0)
+  """
+  scale = tf.convert_to_tensor(scale, tf.float32)
+  counter = tf.convert_to_tensor(counter, tf.int64)
+  multiplier = tf.cast(settings.multiplier, tf.float32)
+  grows = counter + 1 >= tf.cast(settings.growth_steps, tf.int64)
+  grown = scale * multiplier
+  grown = tf.where(tf.math.is_finite(grown), grown, scale)
+  shrunk = tf.maximum(scale / multiplier, 1.0)
+  next_scale = tf.where(finite, tf.where(grows, grown, scale), shrunk)
+  zero = tf.zeros_like(counter)
+  next_counter = tf.where(finite, tf.where(grows, zero, counter + 1), zero)
+  return next_scale, next_counter
+
+
+def gradient_values(grad):
+  """The tensor of a gradient: its values for `tf.IndexedSlices`."""
+  if isinstance(grad, tf.IndexedSlices):
+    return grad.values
+  return tf.convert_to_tensor(grad)
+
+
+@tf.autograph.experimental.do_not_convert
+def all_finite(grads):
+  """TF 2.4's check: True when no element of any gradient is Inf or NaN.
+
+  Args:
+    grads: A flat list of gradients (tensors, `tf.IndexedSlices` or Python
+      numbers); `None` entries are ignored.
+
+  Returns:
+    A scalar `tf.bool` tensor.
+
+  >>> bool(all_finite([tf.constant([1., 2.]), None, 3.]))
+  True
+  >>> bool(all_finite([tf.constant([1., float("inf")])]))
+  False
+  """
+  flags = [tf.reduce_all(tf.math.is_finite(gradient_values(g))) for g in grads if g is not None]
+  return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
+
+
+@tf.autograph.experimental.do_not_convert
+def replicas_all_finite(grads, grads_in_sync, check=all_finite):
+  """One finiteness decision shared by every replica and worker.
+
+  Call in a cross-replica context (or with no strategy at all).
+
+  Args:
+    grads: Flat list of gradients as seen in the cross-replica context:
+      per-replica values under a strategy, plain tensors otherwise.
+    grads_in_sync: True when `grads` were already all-reduced, so every
+      replica sees the same values and replica 0's decision is everyone's.
+      False reduces the per-replica decisions: one non-finite replica makes
+      all of them skip.
+    check: The single-replica check, `check(grads) -> bool tensor`.
+
+  Returns:
+    A scalar bool tensor (local to this worker, equal on every worker).
+  """
+  if not tf.distribute.has_strategy():
+    return check(grads)
+  strategy = tf.distribute.get_strategy()
+  if grads_in_sync:
+    per_replica = strategy.extended.call_for_each_replica(check, args=(grads,))
+    return strategy.experimental_local_results(per_replica)[0]
+  # Booleans cannot be all-reduced: count the finite replicas instead.
+  per_replica = strategy.extended.call_for_each_replica(
+    lambda g: tf.cast(check(g), tf.float32), args=(grads,)
+  )
+  finite_count = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+  return tf.equal(finite_count, strategy.num_replicas_in_sync)
+
+
+@tf.autograph.experimental.do_not_convert
+def cond(pred, true_fn, false_fn):
+  """`tf.cond`, decided in Python when `pred` is known (eagerly, a bool)."""
+  static_pred = tf.get_static_value(pred)
+  if static_pred is not None:
+    return true_fn() if static_pred else false_fn()
+  return tf.cond(pred, true_fn, false_fn)
+
+
+@tf.autograph.experimental.do_not_convert
+def update_scale_variables(
+  scale_var, counter_var, grads, settings, grads_in_sync=False, apply_fn=None, skip_fn=None
+):
+  """Decides one step: updates the two state variables from `grads`.
+
+  Under a strategy, call in a cross-replica context: the variables are
+  mirrored and assigned once, from one decision (`replicas_all_finite`).
+
+  Args:
+    scale_var: float32 scalar variable holding the loss scale.
+    counter_var: int64 scalar variable holding the good-step counter.
+    grads: Nested structure of unscaled gradients; `None` entries ignored.
+    settings: A `ScaleSettings`.
+    grads_in_sync: See `replicas_all_finite`.
+    apply_fn, skip_fn: Optional callables taking no arguments: `apply_fn`
+      runs when the gradients are finite, `skip_fn` otherwise, and the
+      returned op includes it.
+
+  Returns:
+    `(update_op, finite)`: the op assigning the state (and running
+    `apply_fn` or `skip_fn`; None when eager) and a scalar bool tensor.
+  """
+  finite = replicas_all_finite(tf.nest.flatten(grads), grads_in_sync)
+  ops = []
+  if apply_fn is not None:
+    ops = [op for op in tf.nest.flatten(cond(finite, apply_fn, skip_fn)) if op is not None]
+  next_scale, next_counter = next_scale_and_counter(scale_var, counter_var, finite, settings)
+  update_op = tf.group(
+    *ops,
+    scale_var.assign(next_scale, read_value=False),
+    counter_var.assign(next_counter, read_value=False),
+  )
+  return (None if tf.executing_eagerly() else update_op), finite

@@ -1,0 +1,174 @@
+"""The contract every inner-optimizer family implements, and what families share."""
+
+import abc
+
+# The hyperparameters TF 2.4's OptimizerV2 of each kind exposed (`_set_hyper`),
+# by class name. For optimizers without `_hyper` (Keras 3, new tf_keras) these
+# names are delegated when the inner optimizer has such an attribute.
+_TF24_HYPERPARAMETERS = {
+  "SGD": ("momentum", "decay"),
+  "Adam": ("beta_1", "beta_2", "decay"),
+  "Adamax": ("beta_1", "beta_2", "decay"),
+  "Nadam": ("beta_1", "beta_2", "decay"),
+  "RMSprop": ("rho", "momentum", "decay"),
+  "Adadelta": ("rho", "decay"),
+  "Adagrad": ("decay",),
+  "Ftrl": (
+    "learning_rate_power",
+    "l1_regularization_strength",
+    "l2_regularization_strength",
+    "beta",
+    "decay",
+  ),
+}
+
+
+def tf24_hyperparameters(optimizer, classes):
+  """Names of `optimizer`'s attributes that TF 2.4 treated as hyperparameters.
+
+  Args:
+    optimizer: An optimizer without `_hyper` (Keras 3, new tf_keras).
+    classes: The module holding its framework's optimizer classes, e.g.
+      `keras.optimizers`; subclasses (Keras 3's AdamW of Adam) count too.
+
+  Returns:
+    A set of names, `learning_rate` included.
+
+  >>> sorted(tf24_hyperparameters(tf.keras.optimizers.Adam(), tf.keras.optimizers))
+  ['beta_1', 'beta_2', 'learning_rate']
+  """
+  names = {"learning_rate"}
+  for class_name, hypers in _TF24_HYPERPARAMETERS.items():
+    cls = getattr(classes, class_name, None)
+    if cls is not None and isinstance(optimizer, cls):
+      names.update(h for h in hypers if hasattr(optimizer, h))
+  return names
+
+
+class Family(abc.ABC):
+  """The contract of an inner-optimizer family (see the module docstring).
+
+  An instance is the adapter of one wrapped optimizer, `self.inner`.
+
+  Attributes:
+    optimizer_api: The framework class the wrapper inherits (class attribute).
+  """
+
+  optimizer_api = None
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    missing = sorted(
+      name
+      for name in Family.__abstractmethods__
+      if getattr(getattr(cls, name), "__isabstractmethod__", False)
+    )
+    if missing or cls.optimizer_api is None:
+      raise TypeError(
+        f"Inner-optimizer family {cls.__name__} must implement {missing or ''}"
+        f"{' and set optimizer_api' if cls.optimizer_api is None else ''}"
+      )
+
+  def __init__(self, inner):
+    self.inner = inner
+
+  # --- What the family takes, and how it is (de)serialized -----------------
+
+  @classmethod
+  @abc.abstractmethod
+  def accepts(cls, optimizer):
+    """Whether `optimizer` is an optimizer of this family."""
+
+  @classmethod
+  @abc.abstractmethod
+  def is_loss_scale_optimizer(cls, optimizer):
+    """Whether `optimizer` is a loss scale optimizer of this framework (which
+    must not be wrapped: TF 2.4 raised TypeError)."""
+
+  @classmethod
+  @abc.abstractmethod
+  def register_serializable(cls, public_class, name):
+    """Registers `public_class` under `name` with this framework's
+    serialization, so that its saved models and configs load."""
+
+  @classmethod
+  @abc.abstractmethod
+  def claims_config(cls, config):
+    """Whether a serialized inner optimizer (`{'class_name', 'config', ...}`)
+    was written by this family."""
+
+  @classmethod
+  @abc.abstractmethod
+  def deserialize(cls, config, custom_objects):
+    """Rebuilds an inner optimizer from `serialize()`'s output."""
+
+  @classmethod
+  @abc.abstractmethod
+  def init_wrapper(cls, wrapper):
+    """Prepares a new wrapper, whose framework constructor is never run,
+    before any attribute is set on it."""
+
+  # --- Applying ----------------------------------------------------------------
+
+  @abc.abstractmethod
+  def build(self, var_list):
+    """Creates the inner optimizer's slots for `var_list` (outside any
+    function, once, before the first apply)."""
+
+  @abc.abstractmethod
+  def reduce_gradients(self, grads_and_vars):
+    """In replica context: the pairs with gradients summed over replicas, as
+    the inner optimizer itself would sum them."""
+
+  @abc.abstractmethod
+  def can_apply_reduced(self):
+    """Whether, under the current strategy, the inner optimizer can apply
+    gradients already reduced by `reduce_gradients` (else it must reduce
+    them itself, and finiteness is decided per replica)."""
+
+  @abc.abstractmethod
+  def apply(self, grads, variables, name, aggregate):
+    """In replica context: applies `grads` to `variables` through the inner
+    optimizer, which all-reduces them only if `aggregate`; returns an op,
+    None, or nothing that has to leave a `tf.cond` branch."""
+
+  @abc.abstractmethod
+  def count_skipped_step(self):
+    """Counts a skipped step in the inner optimizer's step counter; returns
+    an op or None."""
+
+  # --- Hyperparameters, config ---------------------------------------------------
+
+  @abc.abstractmethod
+  def hyperparameter_names(self):
+    """The set of names the wrapper delegates (`learning_rate` and TF 2.4's
+    hyperparameters of this kind of optimizer)."""
+
+  @abc.abstractmethod
+  def get_hyperparameter(self, name):
+    """The inner optimizer's hyperparameter `name`."""
+
+  @abc.abstractmethod
+  def set_hyperparameter(self, name, value):
+    """Sets the inner optimizer's hyperparameter `name`."""
+
+  @abc.abstractmethod
+  def serialize(self):
+    """The inner optimizer, serialized with its framework."""
+
+  @abc.abstractmethod
+  def has_automatic_name(self):
+    """Whether the inner optimizer's name was made up by its framework (and
+    so differs between identically configured optimizers)."""
+
+
+def written_by_tf_keras(config):
+  """Whether a serialized optimizer comes from tf_keras.
+
+  Keras 3 and tf_keras both write module `keras.optimizers`; only tf_keras
+  writes `is_legacy_optimizer`, and its OptimizerV2 `keras.optimizers.legacy`.
+  """
+  module = str(config.get("module", ""))
+  return module.startswith("keras.optimizers.legacy") or "is_legacy_optimizer" in config.get(
+    "config", {}
+  )

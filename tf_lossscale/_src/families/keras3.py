@@ -1,0 +1,186 @@
+"""The Keras 3 family: `tf.keras.optimizers.*` / `keras.optimizers.*`.
+
+The wrapper subclasses Keras 3's own `keras.optimizers.LossScaleOptimizer`
+only so that it is a `keras.optimizers.Optimizer` (which `Model.compile`
+requires) and so that `Model.compile` under a `mixed_float16` policy, which
+wraps every optimizer that is not a Keras `LossScaleOptimizer`, leaves it
+alone. None of Keras 3's loss-scaling code runs: its constructor is not
+called and `Keras3OptimizerApi` and `LossScaleOptimizer` override every
+method that would reach it.
+
+Keras 3's TensorFlow optimizer all-reduces the gradients inside `apply`
+whenever it runs in a replica context. The wrapper reduces them earlier,
+once, so that its finiteness decision sees every replica's gradients; while
+it applies those reduced gradients through the inner optimizer, the inner
+optimizer's reduction passes them through (`framework_internals.keras3_reduce_once`).
+"""
+
+import re
+import threading
+
+import keras
+import tensorflow as tf
+
+from tf_lossscale._src import framework_internals
+from tf_lossscale._src.families import base
+
+# id()s of inner optimizers currently applying already-reduced gradients, per
+# thread: MirroredStrategy runs each replica function in its own thread.
+_APPLYING_REDUCED = threading.local()
+
+
+def _applying_reduced():
+  if not hasattr(_APPLYING_REDUCED, "value"):
+    _APPLYING_REDUCED.value = set()
+  return _APPLYING_REDUCED.value
+
+
+def _snake_case(name):
+  """`SGD` -> `sgd`, `AdamW` -> `adam_w`: Keras 3's default optimizer names."""
+  name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
+  return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+class Keras3OptimizerApi(keras.optimizers.LossScaleOptimizer):
+  """Keras 3's optimizer API of the wrapper, on the inner optimizer's state."""
+
+  @property
+  def built(self):
+    """Whether the inner optimizer has created its variables."""
+    return self._optimizer.built
+
+  @built.setter
+  def built(self, value):
+    del value  # The inner optimizer's state is the truth.
+
+  def build(self, var_list):
+    """Creates the inner optimizer's variables for `var_list`."""
+    if not self._optimizer.built:
+      self._optimizer.build(var_list)
+
+  @property
+  def variables(self):
+    """The inner optimizer's variables (the loss scale's are not included)."""
+    return self._optimizer.variables
+
+  def apply(self, grads, trainable_variables=None):
+    """`apply_gradients(zip(grads, trainable_variables))`, Keras 3's spelling."""
+    if trainable_variables is None:
+      trainable_variables = framework_internals.keras3_trainable_variables(self._optimizer)
+    return self.apply_gradients(zip(grads, trainable_variables, strict=True))
+
+  def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+    raise NotImplementedError(
+      "LossScaleOptimizer does not support stateless_apply (it needs tf.distribute's variables)."
+    )
+
+  def finalize_variable_values(self, var_list):
+    self._optimizer.finalize_variable_values(var_list)
+
+  def save_own_variables(self, store):
+    """Saves the loss-scale state (the inner optimizer saves its own)."""
+    if self.dynamic:
+      store["0"] = self._state.scale.numpy()
+      store["1"] = self._state.counter.numpy()
+
+  def load_own_variables(self, store):
+    """Restores what `save_own_variables` saved."""
+    if self.dynamic and len(store.keys()) == 2:
+      self._state.scale.assign(store["0"])
+      self._state.counter.assign(store["1"])
+
+
+class Keras3Family(base.Family):
+  """Adapter of a Keras 3 inner optimizer."""
+
+  optimizer_api = Keras3OptimizerApi
+
+  def __init__(self, inner):
+    super().__init__(inner)
+    self._reduce = framework_internals.keras3_reduce_once(
+      inner, lambda optimizer: id(optimizer) in _applying_reduced()
+    )
+
+  @classmethod
+  def accepts(cls, optimizer):
+    return isinstance(optimizer, keras.optimizers.Optimizer)
+
+  @classmethod
+  def is_loss_scale_optimizer(cls, optimizer):
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+  @classmethod
+  def register_serializable(cls, public_class, name):
+    keras.saving.register_keras_serializable("tf_lossscale", name)(public_class)
+
+  @classmethod
+  def claims_config(cls, config):
+    return not base.written_by_tf_keras(config)
+
+  @classmethod
+  def deserialize(cls, config, custom_objects):
+    return keras.optimizers.deserialize(dict(config), custom_objects=custom_objects)
+
+  @classmethod
+  def init_wrapper(cls, wrapper):
+    framework_internals.keras3_init_wrapper_attributes(wrapper)
+    object.__setattr__(wrapper, "name", "loss_scale_optimizer")
+
+  def build(self, var_list):
+    if self.inner.built:
+      return
+
+    def build(*_):
+      with tf.init_scope():
+        self.inner.build(var_list)
+
+    # Built from a replica, a slot restored from a checkpoint would get the
+    # checkpointed value on the first replica only: build in cross-replica
+    # context, where a mirrored variable is initialized on every device.
+    if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+      tf.distribute.get_replica_context().merge_call(build)
+    else:
+      build()
+
+  def reduce_gradients(self, grads_and_vars):
+    if tf.distribute.get_replica_context() is None:
+      return grads_and_vars
+    return list(self._reduce(grads_and_vars))
+
+  def can_apply_reduced(self):
+    return True
+
+  def apply(self, grads, variables, name, aggregate):
+    del name  # Keras 3 optimizers take none.
+    grads_and_vars = list(zip(grads, variables, strict=True))
+    if aggregate:
+      self.inner.apply_gradients(grads_and_vars)
+      return
+    applying = _applying_reduced()
+    applying.add(id(self.inner))
+    try:
+      self.inner.apply_gradients(grads_and_vars)
+    finally:
+      applying.discard(id(self.inner))
+
+  def count_skipped_step(self):
+    framework_internals.keras3_step_counter(self.inner).assign_add(1)
+
+  def hyperparameter_names(self):
+    return base.tf24_hyperparameters(self.inner, keras.optimizers)
+
+  def get_hyperparameter(self, name):
+    return getattr(self.inner, name)
+
+  def set_hyperparameter(self, name, value):
+    setattr(self.inner, name, value)
+
+  def serialize(self):
+    return keras.optimizers.serialize(self.inner)
+
+  def has_automatic_name(self):
+    automatic = re.escape(_snake_case(type(self.inner).__name__))
+    return re.fullmatch(f"{automatic}(_[0-9]+)?", self.inner.name) is not None
+
+
+FAMILY = Keras3Family

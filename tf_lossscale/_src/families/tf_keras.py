@@ -1,0 +1,106 @@
+"""The new tf_keras family: `tf_keras.optimizers.*` (not `.legacy`).
+
+As for OptimizerV2 (`tf_keras_legacy`), the wrapper is an optimizer of this
+kind and a tf_keras `BaseLossScaleOptimizer`, with no base constructor run.
+These optimizers apply already-reduced gradients with
+`skip_gradients_aggregation=True`.
+"""
+
+import tensorflow as tf
+import tf_keras
+
+from tf_lossscale._src import framework_internals
+from tf_lossscale._src.families import base, tf_keras_legacy
+
+
+class TfKerasOptimizerApi(
+  tf_keras.optimizers.Optimizer, framework_internals.tf_keras_base_loss_scale_optimizer()
+):
+  """tf_keras's optimizer API of the wrapper, on the inner optimizer's state."""
+
+  @property
+  def variables(self):
+    """The inner optimizer's variables (the loss scale's are not included)."""
+    return self._optimizer.variables
+
+  def build(self, var_list):
+    """Creates the inner optimizer's variables for `var_list`."""
+    self._optimizer.build(var_list)
+
+  def compute_gradients(self, loss, var_list, tape=None):
+    """Unscaled `(gradient, variable)` pairs of `loss`, scaled first."""
+    tape = tf.GradientTape() if tape is None else tape
+    with tape:
+      scaled_loss = self.get_scaled_loss(loss)
+      if callable(scaled_loss):
+        scaled_loss = scaled_loss()
+    grads_and_vars = self._optimizer.compute_gradients(scaled_loss, var_list, tape=tape)
+    grads = self.get_unscaled_gradients([g for g, _ in grads_and_vars])
+    return list(zip(grads, [v for _, v in grads_and_vars], strict=True))
+
+  def finalize_variable_values(self, var_list):
+    self._optimizer.finalize_variable_values(var_list)
+
+
+class TfKerasFamily(base.Family):
+  """Adapter of a new tf_keras inner optimizer."""
+
+  optimizer_api = TfKerasOptimizerApi
+
+  @classmethod
+  def accepts(cls, optimizer):
+    return isinstance(optimizer, tf_keras.optimizers.Optimizer)
+
+  is_loss_scale_optimizer = tf_keras_legacy.OptimizerV2Family.is_loss_scale_optimizer
+  register_serializable = tf_keras_legacy.OptimizerV2Family.register_serializable
+
+  @classmethod
+  def claims_config(cls, config):
+    return base.written_by_tf_keras(config) and not tf_keras_legacy.FAMILY.claims_config(config)
+
+  @classmethod
+  def deserialize(cls, config, custom_objects):
+    return tf_keras.optimizers.deserialize(
+      dict(config), custom_objects=custom_objects, use_legacy_optimizer=False
+    )
+
+  init_wrapper = tf_keras_legacy.OptimizerV2Family.init_wrapper
+
+  def build(self, var_list):
+    with tf.init_scope():
+      self.inner.build(var_list)
+
+  def reduce_gradients(self, grads_and_vars):
+    return self.inner.aggregate_gradients(grads_and_vars)
+
+  def can_apply_reduced(self):
+    return True
+
+  def apply(self, grads, variables, name, aggregate):
+    # Its result, the iterations variable, cannot leave a cond branch.
+    self.inner.apply_gradients(
+      list(zip(grads, variables, strict=True)),
+      name=name,
+      skip_gradients_aggregation=not aggregate,
+    )
+
+  def count_skipped_step(self):
+    self.inner.iterations.assign_add(1)
+
+  def hyperparameter_names(self):
+    return base.tf24_hyperparameters(self.inner, tf_keras.optimizers)
+
+  def get_hyperparameter(self, name):
+    return getattr(self.inner, name)
+
+  def set_hyperparameter(self, name, value):
+    setattr(self.inner, name, value)
+
+  def serialize(self):
+    return tf_keras.optimizers.serialize(self.inner)
+
+  def has_automatic_name(self):
+    return False  # tf_keras's default names are not made unique.
+
+
+FAMILY = TfKerasFamily

@@ -1,0 +1,165 @@
+"""The tf_keras OptimizerV2 family: `tf_keras.optimizers.legacy.*`.
+
+The optimizers of TF 2.4. The wrapper is an OptimizerV2 and a tf_keras
+`BaseLossScaleOptimizer`, so tf_keras's `Model.compile` under a
+`mixed_float16` policy does not wrap it again. No base constructor runs;
+tf_keras's own loss-scaling code is never reached (`LossScaleOptimizer` comes
+first in the method resolution order). OptimizerV2 can apply gradients the
+wrapper already all-reduced (`experimental_aggregate_gradients=False`),
+except under the strategies that must aggregate themselves.
+"""
+
+import tensorflow as tf
+import tf_keras
+
+from tf_lossscale._src import framework_internals
+from tf_lossscale._src.families import base
+
+_SELF_AGGREGATING_STRATEGIES = (
+  tf.distribute.experimental.CentralStorageStrategy,
+  tf.compat.v1.distribute.experimental.CentralStorageStrategy,
+  tf.distribute.experimental.ParameterServerStrategy,
+  tf.compat.v1.distribute.experimental.ParameterServerStrategy,
+)
+
+
+class OptimizerV2Api(
+  tf_keras.optimizers.legacy.Optimizer, framework_internals.tf_keras_base_loss_scale_optimizer()
+):
+  """OptimizerV2's API of the wrapper, delegated to the inner optimizer."""
+
+  _HAS_AGGREGATE_GRAD = True
+
+  def get_gradients(self, loss, params):
+    """Returns the unscaled gradients of `loss` (scaled first) for `params`.
+
+    Args:
+      loss: The loss tensor (graph mode).
+      params: List of variables.
+
+    Returns:
+      List of unscaled gradient tensors.
+    """
+    loss = self.get_scaled_loss(loss)
+    grads = self._optimizer.get_gradients(loss, params)
+    return self.get_unscaled_gradients(grads)
+
+  def get_slot_names(self):
+    return self._optimizer.get_slot_names()
+
+  def get_slot(self, var, slot_name):
+    return self._optimizer.get_slot(var, slot_name)
+
+  def add_slot(self, var, slot_name, initializer="zeros", shape=None):
+    return self._optimizer.add_slot(var, slot_name, initializer, shape)
+
+  def variables(self):
+    return self._optimizer.variables()
+
+  @property
+  def weights(self):
+    return self._optimizer.weights
+
+  def get_weights(self):
+    return self._optimizer.get_weights()
+
+  def set_weights(self, weights):
+    return self._optimizer.set_weights(weights)
+
+  def _create_all_weights(self, var_list):
+    framework_internals.v2_create_all_weights(self._optimizer, var_list)
+
+  def _aggregate_gradients(self, grads_and_vars):
+    return framework_internals.v2_aggregate_gradients(self._optimizer, grads_and_vars)
+
+  def _restore_slot_variable(self, slot_name, variable, slot_variable):
+    return framework_internals.v2_restore_slot_variable(
+      self._optimizer, slot_name, variable, slot_variable
+    )
+
+  def _create_or_restore_slot_variable(self, slot_variable_position, slot_name, variable):
+    return framework_internals.v2_create_or_restore_slot_variable(
+      self._optimizer, slot_variable_position, slot_name, variable
+    )
+
+
+def _is_tf_keras_loss_scale_optimizer(optimizer):
+  return isinstance(optimizer, framework_internals.tf_keras_base_loss_scale_optimizer())
+
+
+def _register(public_class, name):
+  tf_keras.saving.register_keras_serializable("tf_lossscale", name)(public_class)
+
+
+class OptimizerV2Family(base.Family):
+  """Adapter of a tf_keras OptimizerV2 inner optimizer."""
+
+  optimizer_api = OptimizerV2Api
+
+  def __init__(self, inner):
+    super().__init__(inner)
+    framework_internals.v2_check_members(inner)
+
+  @classmethod
+  def accepts(cls, optimizer):
+    return isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer)
+
+  @classmethod
+  def is_loss_scale_optimizer(cls, optimizer):
+    return _is_tf_keras_loss_scale_optimizer(optimizer)
+
+  @classmethod
+  def register_serializable(cls, public_class, name):
+    _register(public_class, name)
+
+  @classmethod
+  def claims_config(cls, config):
+    return str(config.get("module", "")).startswith("keras.optimizers.legacy")
+
+  @classmethod
+  def deserialize(cls, config, custom_objects):
+    return tf_keras.optimizers.deserialize(
+      dict(config), custom_objects=custom_objects, use_legacy_optimizer=True
+    )
+
+  @classmethod
+  def init_wrapper(cls, wrapper):
+    del wrapper  # OptimizerV2 needs nothing before attributes are set.
+
+  def build(self, var_list):
+    framework_internals.v2_create_all_weights(self.inner, var_list)
+
+  def reduce_gradients(self, grads_and_vars):
+    return framework_internals.v2_aggregate_gradients(self.inner, grads_and_vars)
+
+  def can_apply_reduced(self):
+    # OptimizerV2 refuses experimental_aggregate_gradients=False there.
+    return not isinstance(tf.distribute.get_strategy(), _SELF_AGGREGATING_STRATEGIES)
+
+  def apply(self, grads, variables, name, aggregate):
+    return self.inner.apply_gradients(
+      list(zip(grads, variables, strict=True)),
+      name=name,
+      experimental_aggregate_gradients=aggregate,
+    )
+
+  def count_skipped_step(self):
+    return self.inner.iterations.assign_add(1, read_value=False)
+
+  def hyperparameter_names(self):
+    return framework_internals.v2_hyperparameter_names(self.inner)
+
+  def get_hyperparameter(self, name):
+    return framework_internals.v2_get_hyperparameter(self.inner, name)
+
+  def set_hyperparameter(self, name, value):
+    framework_internals.v2_set_hyperparameter(self.inner, name, value)
+
+  def serialize(self):
+    return tf_keras.optimizers.serialize(self.inner)
+
+  def has_automatic_name(self):
+    return False  # OptimizerV2's default names are not made unique.
+
+
+FAMILY = OptimizerV2Family

@@ -1,0 +1,471 @@
+"""Speed-ups of the algorithm in `algorithm.py`: the same numbers, sooner.
+
+`scale_state.py` calls these instead of the plain functions while `enabled()`;
+setting the environment variable `TF_LOSSSCALE_FAST_PATHS=0` before importing
+tf_lossscale turns every one of them off (docs/benchmarks.md measures each).
+
+* The check reads each float32/float64 gradient once, with a sum: a finite
+  total proves every element finite; only a non-finite total (an Inf or NaN,
+  or an overflow of finite values) runs TF 2.4's element-wise check, so no
+  finite step is ever skipped (`quick_and_exact`). Under XLA with few
+  gradients, sums of the gradients times zero are exact by themselves.
+* In a function graph the check and the apply share one If op
+  (`apply_if_finite`), kept as a call of its branch functions where that is
+  safe (`cond`); in a TF1 graph one Switch gates the apply (`switch_cond`).
+* Eagerly, the check, the transition and the assigns run as one call of a
+  graph function (`OneCall`), and so does the unscale of many gradients.
+"""
+
+import dataclasses
+import functools
+import os
+
+import tensorflow as tf
+
+from tf_lossscale._src import algorithm, framework_internals
+
+ENABLED = os.environ.get("TF_LOSSSCALE_FAST_PATHS", "1") != "0"
+
+
+def enabled():
+  """Whether the speed-ups are used (`TF_LOSSSCALE_FAST_PATHS`, default on)."""
+  return ENABLED
+
+
+# Gradients this small are handled together with the others of their shape:
+# one op per group instead of one per gradient, for a temporary of at most
+# this many elements per group...
+_GROUPED_MAX_ELEMENTS = 1 << 16
+# ...and, in the exact check, of at most this many elements per stacked chunk.
+_STACKED_MAX_ELEMENTS = 1 << 20
+# Under XLA, up to this many gradients are checked exactly with no If; more
+# compile faster with the If.
+XLA_IF_FREE_UP_TO = 16
+
+
+def _in_xla(graph=None):
+  return framework_internals.in_xla_context(graph or tf.compat.v1.get_default_graph())
+
+
+def _grouped(values, group):
+  """Splits `values` into lists of small tensors of one dtype and shape, and the others."""
+  groups, others = {}, []
+  for v in values:
+    if group and v.shape.is_fully_defined() and v.shape.num_elements() <= _GROUPED_MAX_ELEMENTS:
+      groups.setdefault((v.dtype, tuple(v.shape.as_list())), []).append(v)
+    else:
+      others.append(v)
+  return list(groups.values()), others
+
+
+def _all(flags):
+  return flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
+
+
+def _over_all_axes():
+  """`reduce(raw_op, v)`: `v` reduced over all its axes by `tf.raw_ops.Sum`
+  or `All`, sharing one axes constant per rank (with hundreds of gradients,
+  tracing time and a TF1 graph's size are mostly the ops created)."""
+  axes = {}
+
+  def reduce(raw_op, v):
+    rank = v.shape.rank
+    if rank is None:
+      return raw_op(input=v, axis=tf.range(tf.rank(v)))
+    if rank not in axes:
+      axes[rank] = tf.constant(list(range(rank)), tf.int32)
+    return raw_op(input=v, axis=axes[rank])
+
+  return reduce
+
+
+def _summer():
+  return functools.partial(_over_all_axes(), tf.raw_ops.Sum)
+
+
+def _each_finite(values):
+  """TF 2.4's element-wise check, on stacked chunks of same-shaped gradients."""
+  all_of = functools.partial(_over_all_axes(), tf.raw_ops.All)
+  groups, others = _grouped(values, group=True)
+  flags = [all_of(tf.math.is_finite(v)) for v in others]
+  for same_shape in groups:
+    per_chunk = max(1, _STACKED_MAX_ELEMENTS // max(1, same_shape[0].shape.num_elements()))
+    for i in range(0, len(same_shape), per_chunk):
+      chunk = same_shape[i : i + per_chunk]
+      flags.append(all_of(tf.math.is_finite(chunk[0] if len(chunk) == 1 else tf.stack(chunk))))
+  return _all(flags)
+
+
+def _times_zero_finite(values, sum_all):
+  """Exact as well: finite * 0 is 0, Inf * 0 and NaN * 0 are NaN, and a sum of
+  zeros cannot overflow. XLA fuses the multiply into the reduction."""
+  zeros, sums = {}, []
+  for v in values:
+    if v.dtype not in zeros:
+      zeros[v.dtype] = tf.zeros([], v.dtype)
+    sums.append(tf.cast(sum_all(tf.raw_ops.Mul(x=v, y=zeros[v.dtype])), tf.float32))
+  return tf.math.is_finite(sums[0] if len(sums) == 1 else tf.add_n(sums))
+
+
+def quick_and_exact(values):
+  """The check in two parts: `(quick, exact)`.
+
+  `quick` is a scalar bool tensor, True only when every value is finite. It
+  reads each float32/float64 gradient once, with a sum: a sum that includes
+  an Inf or a NaN is never finite, so a finite total proves every element
+  finite. A non-finite total may also be an overflow of finite values, so
+  when `quick` is False, `exact()` decides, and a finite step is never
+  skipped. float16 and bfloat16 sums overflow too often to pay off: those
+  are checked element by element in `quick` already. `exact` is None when
+  `quick` is exact by itself.
+
+  Under XLA with few gradients `quick` is exact by itself (sums of the
+  gradients times zero, fused into one read each): the If the fallback needs
+  made XLA copy large variables once more a step; with many gradients the
+  If-free check compiles more slowly.
+  """
+  xla = bool(_in_xla())
+  if_free = xla and len(values) <= XLA_IF_FREE_UP_TO
+  sum_all = _summer()
+  flags, summed = [], False
+  for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
+    same_dtype = [v for v in values if v.dtype == dtype]
+    if dtype not in (tf.float32, tf.float64):
+      flags.append(_each_finite(same_dtype))
+      continue
+    if if_free:
+      flags.append(_times_zero_finite(same_dtype, sum_all))
+      continue
+    summed = True
+    groups, others = _grouped(same_dtype, group=not xla)  # XLA compiles a wide add_n slowly.
+    sums = [sum_all(v) for v in others]
+    sums += [sum_all(g[0] if len(g) == 1 else tf.add_n(g)) for g in groups]
+    flags.append(tf.math.is_finite(sums[0] if len(sums) == 1 else tf.add_n(sums)))
+  if not summed:
+    return _all(flags) if flags else tf.constant(True), None
+  if xla:
+    return _all(flags), lambda: _times_zero_finite(values, _summer())
+  return _all(flags), lambda: _each_finite(values)
+
+
+def _check(values):
+  quick, exact = quick_and_exact(values)
+  if exact is None:
+    return quick
+  return cond(quick, lambda: tf.constant(True), exact)
+
+
+class OneCall:
+  """Runs `fn(tensors, *extra)` eagerly as one call of a graph function.
+
+  Op by op, each gradient costs a few Python dispatches; `tf.function`'s own
+  `__call__` binds every argument in Python and cost even more with hundreds
+  of gradients. This keeps one concrete function per signature and calls it
+  with the flat list of tensors. The signature is the dtypes, and the shapes
+  too with `static_shapes` (for functions that are faster when they know
+  them); otherwise the function is traced for tensors of any shape.
+  """
+
+  _MAX_SIGNATURES = 32
+
+  def __init__(self, fn, static_shapes=False):
+    self._function = tf.function(fn, autograph=False)
+    self._static_shapes = static_shapes
+    self._concrete = {}
+
+  def __call__(self, tensors, *extra):
+    static = self._static_shapes
+    signature = tuple((t.dtype, tuple(t.shape) if static else None) for t in (*tensors, *extra))
+    concrete = self._concrete.get(signature)
+    if concrete is None:
+      if len(self._concrete) >= self._MAX_SIGNATURES:
+        self._concrete.clear()
+      specs = [tf.TensorSpec(shape, dtype) for dtype, shape in signature]
+      concrete = self._function.get_concrete_function(specs[: len(tensors)], *specs[len(tensors) :])
+      self._concrete[signature] = concrete
+    return framework_internals.call_concrete_function(concrete, [*tensors, *extra])
+
+
+def eager_outside_strategies():
+  """Whether ops run eagerly with no `tf.distribute` strategy in scope."""
+  return tf.executing_eagerly() and not tf.distribute.has_strategy()
+
+
+# Shapes let it sum small gradients in groups.
+_check_call = OneCall(_check, static_shapes=True)
+
+
+@tf.autograph.experimental.do_not_convert
+def all_finite(grads):
+  """`algorithm.all_finite`, faster: same decision on every input.
+
+  >>> bool(all_finite([tf.constant([3e38, 3e38])]))  # finite; only the sum overflows
+  True
+  >>> bool(all_finite([tf.constant([1., float("nan")]), None]))
+  False
+  """
+  values = [algorithm.gradient_values(g) for g in grads if g is not None]
+  sparse = any(isinstance(g, tf.IndexedSlices) for g in grads)  # New shapes every step.
+  if values and not sparse and eager_outside_strategies():
+    return _check_call(values)
+  return _check(values)
+
+
+@functools.cache
+def _cpu_only():
+  return all(d.device_type == "CPU" for d in tf.config.list_logical_devices())
+
+
+def _resource_device(tensor):
+  """The device of a resource tensor, following captures out of functions.
+
+  Returns "" for a handle no device is assigned to (the placer then puts it
+  with the others) and None when the device is only known at run time.
+  """
+  while not tensor.device:
+    graph = tensor.graph
+    if tensor.op.type in ("VarHandleOp", "VariableV2"):
+      return ""
+    outer = {id(internal): external for external, internal in getattr(graph, "captures", ())}
+    if id(tensor) not in outer:
+      return None  # A function argument.
+    tensor = outer[id(tensor)]
+  return tf.DeviceSpec.from_string(tensor.device).to_string()
+
+
+def _run_branches_as_functions(if_op):
+  """Keeps `if_op` a call of its branch functions instead of lowering it.
+
+  Lowered, an If becomes a Switch per input and a Merge per output, each
+  scheduled on every step: with hundreds of gradients and variables that was
+  most of a tf.function step's loss-scaling overhead. The If kernel runs its
+  branches on one device, so this is done only on a CPU-only machine, outside
+  any strategy, when every resource the branches use lives on one device.
+  """
+  if tf.distribute.has_strategy() or not _cpu_only():
+    return
+  devices = {_resource_device(t) for t in if_op.inputs[1:] if t.dtype == tf.resource}
+  devices.discard("")
+  if None not in devices and len(devices) <= 1:
+    framework_internals.keep_as_function_call(if_op)
+
+
+def _plain_graph():
+  """Whether ops go into a TF1 graph (not a function's) outside strategies,
+  XLA and TF1 control-flow contexts (False when that cannot be known)."""
+  if tf.executing_eagerly():
+    return False
+  graph = tf.compat.v1.get_default_graph()
+  if graph.building_function or tf.distribute.has_strategy():
+    return False
+  return framework_internals.in_v1_control_flow(graph) is False and _in_xla(graph) is False
+
+
+def _gated_leaves(pivot, new_ops):
+  """The ops of `new_ops` that depend on `pivot` and that nothing uses yet."""
+  gated = {pivot.op}
+  for op in new_ops:  # In creation order, so inputs come first.
+    if any(t.op in gated for t in op.inputs) or any(c in gated for c in op.control_inputs):
+      gated.add(op)
+  used = {t.op for op in new_ops for t in op.inputs} | {
+    c for op in new_ops for c in op.control_inputs
+  }
+  return [op for op in new_ops if op in gated and op not in used]
+
+
+def switch_cond(pred, true_fn, false_fn):
+  """`tf.cond` for a TF1 graph with one Switch and one Merge per output.
+
+  As TF1's own `cond` does, each branch's ops get a control input from a
+  pivot, one of the Switch's two outputs, and do not run when it is dead:
+  but the tensors a branch uses from outside are not passed through a Switch
+  each, which with hundreds of gradients and variables cost more than the
+  apply. As in a function's branch, every op the taken branch makes runs,
+  also those it does not return. Ops it makes under
+  `tf.control_dependencies(None)` (slots and other variables made on the
+  first call) are not gated, as in TF1's `cond`.
+  A branch returns tensors (both the same structure and dtypes), or
+  operations or None: the result is then an operation.
+  """
+  graph = tf.compat.v1.get_default_graph()
+  off, on = tf.raw_ops.Switch(data=pred, pred=pred)
+  branches = []
+  for side, fn in ((off, false_fn), (on, true_fn)):
+    pivot = tf.identity(side)
+    known = len(graph.get_operations())
+    with tf.control_dependencies([pivot]):
+      result = fn()
+    flat = tf.nest.flatten(result)
+    present = [x for x in flat if x is not None]
+    with tf.control_dependencies([pivot, *_gated_leaves(pivot, graph.get_operations()[known:])]):
+      if present and not all(isinstance(x, tf.Operation) for x in present):
+        outputs = [tf.identity(x) for x in flat]
+      else:
+        result, outputs = None, [tf.identity(pivot)]
+    branches.append((result, outputs))
+  (false_result, false_out), (true_result, true_out) = branches
+  try:
+    tf.nest.assert_same_structure(true_result, false_result)
+    same = [x.dtype for x in true_out] == [x.dtype for x in false_out]
+  except (TypeError, ValueError):
+    same = False
+  if not same:
+    raise ValueError(
+      f"cond: both branches must return the same structure of tensors of the same dtypes,"
+      f" or operations; got {true_result!r} and {false_result!r}"
+    )
+  merged = [tf.raw_ops.Merge(inputs=pair).output for pair in zip(false_out, true_out, strict=True)]
+  if true_result is None:
+    return merged[0].op
+  return tf.nest.pack_sequence_as(true_result, merged)
+
+
+@tf.autograph.experimental.do_not_convert
+def cond(pred, true_fn, false_fn):
+  """`algorithm.cond`, faster: in a TF1 graph one Switch gates the branches
+  (`switch_cond`); in a function graph the If op is kept as a call of its
+  branch functions where that is safe (`_run_branches_as_functions`), so the
+  branch not taken costs nothing."""
+  static_pred = tf.get_static_value(pred)
+  if static_pred is not None:
+    return true_fn() if static_pred else false_fn()
+  if _plain_graph():
+    return switch_cond(pred, true_fn, false_fn)
+  graph = tf.compat.v1.get_default_graph()
+  known = len(graph.get_operations())
+  result = tf.cond(pred, true_fn, false_fn)
+  for op in graph.get_operations()[known:]:
+    lowering = op.node_def.attr.get("_lower_using_switch_merge")
+    if op.type in ("If", "StatelessIf") and lowering is not None and lowering.b:
+      _run_branches_as_functions(op)
+  return result
+
+
+def _returning(value, fn):
+  """A cond branch running `fn` and then returning the bool `value`."""
+
+  def branch():
+    done = [x for x in tf.nest.flatten(fn()) if x is not None]
+    with tf.control_dependencies(done):
+      return tf.constant(value)
+
+  return branch
+
+
+def _fuse_check_and_apply():
+  """Whether the check and the apply can share one If: in a function graph,
+  outside strategies (whose verdict is reduced across replicas first) and
+  outside XLA, which would compile the apply twice (it is in both branches).
+  A TF1 graph gates the apply with one Switch instead (see `switch_cond`)."""
+  if tf.executing_eagerly() or tf.distribute.has_strategy() or _plain_graph():
+    return False
+  return _in_xla() is False
+
+
+def apply_if_finite(values, apply_fn, skip_fn):
+  """The check and the conditional apply in one If op when the quick check
+  passes (the common case), two nested ones when it does not."""
+  quick, exact = quick_and_exact(values)
+  apply, skip = _returning(True, apply_fn), _returning(False, skip_fn)
+  if exact is None:
+    return cond(quick, apply, skip)
+  return cond(quick, apply, lambda: cond(exact(), apply, skip))
+
+
+def _settings_as_tensors(settings):
+  """The settings as tensors: eagerly a constant operand would let Grappler
+  turn the division by the multiplier into a multiplication by its
+  reciprocal, 1 ulp away from the op-by-op result."""
+  return [tf.constant(getattr(settings, f.name)) for f in dataclasses.fields(settings)]
+
+
+def _settings_from(tensors):
+  return algorithm.ScaleSettings(*tensors)
+
+
+def _check_and_step(values, scale_handle, counter_handle, *settings):
+  """The check and the transition, assigned to the two variables."""
+  finite = _check(values)
+  scale = tf.raw_ops.ReadVariableOp(resource=scale_handle, dtype=tf.float32)
+  counter = tf.raw_ops.ReadVariableOp(resource=counter_handle, dtype=tf.int64)
+  next_scale, next_counter = algorithm.next_scale_and_counter(
+    scale, counter, finite, _settings_from(settings)
+  )
+  tf.raw_ops.AssignVariableOp(resource=scale_handle, value=next_scale)
+  tf.raw_ops.AssignVariableOp(resource=counter_handle, value=next_counter)
+  return finite
+
+
+_check_and_step_call = OneCall(_check_and_step, static_shapes=True)
+_next_state_call = OneCall(
+  lambda state: algorithm.next_scale_and_counter(*state[:3], _settings_from(state[3:]))
+)
+
+
+def _eager_one_call(variables, grads):
+  """Whether the update can run as `_check_and_step_call`: eagerly outside
+  strategies, with resource variables and dense gradients (IndexedSlices
+  have new shapes every step)."""
+  return (
+    eager_outside_strategies()
+    and all(getattr(v, "handle", None) is not None for v in variables)
+    and any(g is not None for g in grads)
+    and not any(isinstance(g, tf.IndexedSlices) for g in grads)
+  )
+
+
+@tf.autograph.experimental.do_not_convert
+def update_scale_variables(
+  scale_var, counter_var, grads, settings, grads_in_sync=False, apply_fn=None, skip_fn=None
+):
+  """`algorithm.update_scale_variables`, faster: same arguments, same numbers."""
+  flat = tf.nest.flatten(grads)
+  if _eager_one_call((scale_var, counter_var), flat):
+    values = [algorithm.gradient_values(g) for g in flat if g is not None]
+    finite = _check_and_step_call(
+      values, scale_var.handle, counter_var.handle, *_settings_as_tensors(settings)
+    )
+    if apply_fn is not None:
+      cond(finite, apply_fn, skip_fn)
+    return None, finite
+  ops = []
+  if apply_fn is not None and _fuse_check_and_apply():
+    finite = apply_if_finite(
+      [algorithm.gradient_values(g) for g in flat if g is not None], apply_fn, skip_fn
+    )
+  else:
+    finite = algorithm.replicas_all_finite(flat, grads_in_sync, check=all_finite)
+    if apply_fn is not None:
+      ops = [op for op in tf.nest.flatten(cond(finite, apply_fn, skip_fn)) if op is not None]
+  state = [tf.convert_to_tensor(scale_var), tf.convert_to_tensor(counter_var), finite]
+  if eager_outside_strategies():
+    next_scale, next_counter = _next_state_call(state + _settings_as_tensors(settings))
+  else:
+    next_scale, next_counter = algorithm.next_scale_and_counter(*state, settings)
+  update_op = tf.group(
+    *ops,
+    scale_var.assign(next_scale, read_value=False),
+    counter_var.assign(next_counter, read_value=False),
+  )
+  return update_op, finite
+
+
+def _times(values, reciprocal):
+  factors = {}
+  for v in values:
+    if v.dtype not in factors:
+      factors[v.dtype] = tf.cast(reciprocal, v.dtype)
+  return [tf.raw_ops.Mul(x=v, y=factors[v.dtype]) for v in values]
+
+
+_times_call = OneCall(_times)
+# With few gradients, op by op is faster.
+_ONE_CALL_FROM = 16
+
+
+def multiply_all(values, reciprocal):
+  """Each of `values` times `reciprocal` cast to its dtype; eagerly, with many
+  gradients, as one call."""
+  if len(values) >= _ONE_CALL_FROM and eager_outside_strategies():
+    return _times_call(values, reciprocal)
+  return _times(values, reciprocal)

@@ -1,0 +1,430 @@
+"""Every use of TensorFlow's, Keras 3's and tf_keras's non-public parts.
+
+Those three packages release independently of tf_lossscale and may rename or
+drop any private member in any release. Nothing else in tf_lossscale imports
+`tensorflow.python`, `keras.src` or `tf_keras.src`, or touches another
+package's private attribute (ruff's SLF001 enforces it everywhere but here).
+Each use sits behind one small function whose docstring says what it relies
+on, since when, and what happens when it is gone:
+
+* a speed-up whose internal is missing falls back to the public-API path
+  (slower, same numbers);
+* a correctness-critical one raises `FrameworkChangedError` naming the
+  package and version, when the optimizer is built: never a silent change of
+  behaviour (such as gradients all-reduced twice).
+
+`tf.__internal__` is TensorFlow's namespace for its own libraries (Keras,
+tf_keras): not covered by its API guarantees, so its uses are here too.
+"""
+
+import tensorflow as tf
+
+# Imported here, not where used, so that each use below is one look-up; a
+# module that is gone only turns its speed-up off.
+try:
+  from tensorflow.core.framework import attr_value_pb2
+except ImportError:
+  attr_value_pb2 = None
+try:
+  from tensorflow.python.ops import control_flow_util
+except ImportError:
+  control_flow_util = None
+try:
+  from tensorflow.python.training.experimental import (
+    mixed_precision_global_state as _global_state,
+  )
+except ImportError:
+  _global_state = None
+
+# The checkpoint-tracking base classes (TF >= 2.5). The Trackable protocol our
+# subclasses implement: `_trackable_children`, `_lookup_dependency`,
+# `_track_trackable`, `_handle_deferred_dependencies` (the documented way to
+# write a trackable; TF's own Keras and tf_keras rely on it too).
+Trackable = tf.__internal__.tracking.Trackable
+DelegatingTrackableMixin = tf.__internal__.tracking.DelegatingTrackableMixin
+
+
+def delegate_tracking(wrapper, trackable):
+  """Makes a `DelegatingTrackableMixin` subclass checkpoint as `trackable`.
+
+  The mixin delegates every tracking method to its attribute `_trackable`
+  (TF >= 2.5), normally set by its constructor, which the wrapper does not
+  run (its other bases' constructors must not run either).
+  """
+  object.__setattr__(wrapper, "_trackable", trackable)
+
+
+class FrameworkChangedError(RuntimeError):
+  """A TensorFlow/Keras internal that correctness depends on has changed."""
+
+
+def _version(module_name):
+  try:
+    return __import__(module_name).__version__
+  except (ImportError, AttributeError):
+    return "unknown"
+
+
+def _changed(package, what):
+  return FrameworkChangedError(
+    f"tf_lossscale cannot work safely with {package} {_version(package)}: {what} "
+    "Please report this with the versions of tensorflow, keras and tf_keras you use."
+  )
+
+
+# --- TensorFlow -----------------------------------------------------------------
+
+
+def in_xla_context(graph):
+  """Whether ops added to `graph` now are compiled by XLA (a `jit_compile`
+  function or one of its nested functions).
+
+  Relies on `tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext`
+  (TF >= 2.0). Missing: None, and callers take their plain path (every speed-up
+  that depends on it is off).
+  """
+  check = getattr(control_flow_util, "GraphOrParentsInXlaContext", None)
+  return None if check is None else bool(check(graph))
+
+
+def in_v1_control_flow(graph):
+  """Whether ops added to `graph` now go into a TF1 control-flow context (a
+  TF1 `cond` or `while_loop` body).
+
+  Relies on `Graph._get_control_flow_context` (TF 1.x to today). Missing:
+  None, and callers take their plain path.
+  """
+  get_context = getattr(graph, "_get_control_flow_context", None)
+  if get_context is None:
+    return None
+  return get_context() is not None
+
+
+def keep_as_function_call(if_op):
+  """Marks a graph's If op to run as a call of its branch functions instead
+  of being lowered to a Switch per input and a Merge per output.
+
+  Relies on the If op's `_lower_using_switch_merge` attribute, read by
+  TensorFlow's lowering pass (TF >= 2.0). Missing: returns False and the If
+  is lowered, as any `tf.cond`.
+  """
+  set_attr = getattr(if_op, "_set_attr", None)
+  if set_attr is None or attr_value_pb2 is None:
+    return False
+  if "_lower_using_switch_merge" not in if_op.node_def.attr:
+    return False
+  set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+  return True
+
+
+def call_concrete_function(concrete, tensors):
+  """Calls a concrete function with a flat list of tensors.
+
+  Relies on `ConcreteFunction._call_flat(tensors, captured_inputs)` (TF >= 2.0),
+  which skips the Python argument binding of a call (with hundreds of
+  arguments, that binding cost more than the ops). Missing: the public call.
+  """
+  call_flat = getattr(concrete, "_call_flat", None)
+  if call_flat is None:
+    return concrete(*tensors)
+  return call_flat(list(tensors), concrete.captured_inputs)
+
+
+def v1_optimizer_use_locking(optimizer):
+  """A `tf.compat.v1.train.Optimizer`'s `use_locking` constructor argument.
+
+  Relies on its `_use_locking` attribute (TF 1.x to today). Missing: False,
+  the default of every TF1 optimizer.
+  """
+  return getattr(optimizer, "_use_locking", False)
+
+
+# --- TensorFlow's process-wide mixed-precision flags ----------------------------
+#
+# TensorFlow's process-wide mixed-precision flags, shared with TF's own API and tf_keras.
+#
+# TensorFlow keeps three flags in the private module
+# `tensorflow.python.training.experimental.mixed_precision_global_state`:
+#
+# - "the graph rewrite is enabled": `tf.compat.v1.Session` reads it when it is
+#   created and then switches the `auto_mixed_precision` grappler rewrite on in
+#   the `ConfigProto` it was given (unless that proto switches it off). TF's
+#   `enable_mixed_precision_graph_rewrite` and tf_keras's `set_global_policy`
+#   read it too.
+# - "a Keras mixed-precision policy is in use": set by tf_keras's
+#   `set_global_policy`; TF's `enable_mixed_precision_graph_rewrite` refuses to
+#   run while it is set.
+# - "a Session without the rewrite was created": set by `tf.compat.v1.Session`.
+#
+# Sharing them makes our graph rewrite and our experimental `set_policy` refuse
+# each other, and TF's and tf_keras's, exactly as TF 2.4's functions did. Each
+# accessor below falls back to public behaviour when the private module is
+# gone (TF has had it and these functions since 2.4; checked on 2.21): the getters answer
+# from public state or False, the setters do what the public API can.
+
+
+def set_graph_rewrite_flag(enabled):
+  """Sets TF's "graph rewrite enabled" flag, which `tf.compat.v1.Session` reads.
+
+  Relies on `mixed_precision_global_state.set_mixed_precision_graph_rewrite_enabled`.
+  Without it, Sessions created without a `config` still get the rewrite
+  (their default config carries the optimizer options set with
+  `tf.config.optimizer.set_experimental_options`), but a Session given its
+  own `ConfigProto` needs
+  `config.graph_options.rewrite_options.auto_mixed_precision = 1` (ON).
+
+  Args:
+    enabled: Bool, the new value.
+
+  Returns:
+    True if the flag was set, False if this TensorFlow lacks it.
+  """
+  if _global_state is None:
+    return False
+  _global_state.set_mixed_precision_graph_rewrite_enabled(enabled)
+  return True
+
+
+def graph_rewrite_flag():
+  """Whether TF's or our `enable_mixed_precision_graph_rewrite` is in effect.
+
+  Relies on `mixed_precision_global_state.is_mixed_precision_graph_rewrite_enabled`
+  (also exported as `tf.__internal__.train.is_mixed_precision_graph_rewrite_enabled`
+  for tf_keras). Without it: whether the public optimizer option
+  `auto_mixed_precision` is on.
+
+  Returns:
+    Bool.
+  """
+  if _global_state is None:
+    options = tf.config.optimizer.get_experimental_options()
+    return bool(options.get("auto_mixed_precision", False))
+  return bool(_global_state.is_mixed_precision_graph_rewrite_enabled())
+
+
+def non_mixed_precision_session_created():
+  """Whether a `tf.compat.v1.Session` without the rewrite exists (TF's record of it).
+
+  Relies on `mixed_precision_global_state.non_mixed_precision_session_created`.
+  Without it: False (the warning that depends on it is not logged).
+
+  Returns:
+    Bool.
+  """
+  if _global_state is None:
+    return False
+  return bool(_global_state.non_mixed_precision_session_created())
+
+
+def using_mixed_precision_policy():
+  """Whether tf_keras's (or TF's own) Keras set a mixed global policy.
+
+  Relies on `mixed_precision_global_state.is_using_mixed_precision_policy`.
+  Without it: False (Keras 3's and our own policies are checked directly by
+  the callers).
+
+  Returns:
+    Bool.
+  """
+  if _global_state is None:
+    return False
+  return bool(_global_state.is_using_mixed_precision_policy())
+
+
+def set_using_mixed_precision_policy(is_mixed):
+  """Records in TF's flag whether our global policy is a mixed one.
+
+  Relies on `mixed_precision_global_state.set_using_mixed_precision_policy`
+  (also exported as `tf.__internal__.train.set_using_mixed_precision_policy`,
+  which tf_keras's `set_global_policy` calls). Without it: nothing is
+  recorded, and TF's own graph rewrite no longer refuses to run beside our
+  policy (ours still does: it reads the Keras 3 global policy itself).
+
+  Args:
+    is_mixed: Bool.
+  """
+  if _global_state is not None:
+    _global_state.set_using_mixed_precision_policy(is_mixed)
+
+
+# --- Keras 3 -------------------------------------------------------------------
+
+
+def keras3_init_wrapper_attributes(wrapper):
+  """Lets attributes be set on a Keras 3 optimizer whose constructor is not run.
+
+  Keras 3's `Optimizer.__setattr__` refuses any attribute until its
+  constructor has set `_lock` (Keras 3.0 to today). Our wrapper is a Keras 3
+  optimizer without running that constructor (its state is the inner
+  optimizer's), so it sets the flag itself. Without the check in a future
+  Keras, the flag is an unused attribute.
+  """
+  object.__setattr__(wrapper, "_lock", False)
+
+
+def keras3_reduce_once(inner, applying_reduced):
+  """Makes a Keras 3 optimizer all-reduce gradients only when asked to.
+
+  Keras 3's TensorFlow optimizer all-reduces the gradients inside `apply`
+  whenever it runs in a replica context, through its method
+  `_all_reduce_sum_gradients(grads_and_vars)` (Keras 3.0 to today). The
+  LossScaleOptimizer reduces them first, to decide finiteness once for all
+  replicas, and then applies the reduced gradients through `inner`: that
+  apply must not reduce them again. This replaces the method on `inner` (the
+  instance only) by one that passes gradients through while
+  `applying_reduced(inner)` is True.
+
+  Args:
+    inner: The wrapped Keras 3 optimizer.
+    applying_reduced: Callable taking `inner`, True while it applies
+      already-reduced gradients.
+
+  Returns:
+    The original reduction, `reduce(grads_and_vars) -> grads_and_vars`.
+
+  Raises:
+    FrameworkChangedError: If Keras 3 no longer reduces there: a silent
+      second reduction would multiply every gradient by the number of
+      replicas.
+  """
+  reduce = getattr(inner, "_all_reduce_sum_gradients", None)
+  if not callable(reduce):
+    raise _changed(
+      "keras",
+      "its TensorFlow optimizers no longer all-reduce gradients through "
+      "`_all_reduce_sum_gradients`, so already-reduced gradients could be reduced again.",
+    )
+
+  def all_reduce_sum_gradients(grads_and_vars):
+    if applying_reduced(inner):
+      return list(grads_and_vars)
+    return reduce(grads_and_vars)
+
+  object.__setattr__(inner, "_all_reduce_sum_gradients", all_reduce_sum_gradients)
+  return reduce
+
+
+def keras3_step_counter(inner):
+  """The variable counting a Keras 3 optimizer's steps.
+
+  With `gradient_accumulation_steps` (Keras >= 3.4) the public `iterations`
+  is a tensor, the counter divided by the accumulation steps; the variable is
+  `_iterations` there. Keras < 3.4 has no `_iterations` and `iterations` is
+  the variable.
+  """
+  counter = getattr(inner, "_iterations", None)
+  return inner.iterations if counter is None else counter
+
+
+def keras3_trainable_variables(inner):
+  """The variables a built Keras 3 optimizer was built for.
+
+  Relies on `_trainable_variables` (Keras 3.0 to today); Keras 3's own
+  `apply(grads)` uses it when no variables are given.
+
+  Raises:
+    FrameworkChangedError: If it is gone (then pass the variables to `apply`).
+  """
+  variables = getattr(inner, "_trainable_variables", None)
+  if variables is None:
+    raise _changed(
+      "keras",
+      "the optimizer no longer records the variables it was built for; "
+      "pass `trainable_variables` to `apply`.",
+    )
+  return variables
+
+
+# --- tf_keras (optional) ---------------------------------------------------------
+
+
+def tf_keras_base_loss_scale_optimizer():
+  """tf_keras's `BaseLossScaleOptimizer`: every tf_keras loss scale optimizer.
+
+  tf_keras's `Model.compile` under a `mixed_float16` policy wraps any
+  optimizer that is not one (tf_keras 2.x to today); its public
+  `LossScaleOptimizer` only dispatches to subclasses of it.
+
+  Raises:
+    FrameworkChangedError: If it is gone (the wrapper would be wrapped again).
+  """
+  try:
+    from tf_keras.src.mixed_precision import loss_scale_optimizer  # pylint: disable=g-import-not-at-top
+
+    return loss_scale_optimizer.BaseLossScaleOptimizer
+  except (ImportError, AttributeError) as e:
+    raise _changed("tf_keras", "`BaseLossScaleOptimizer` is gone.") from e
+
+
+def mark_wrapped(inner):
+  """Marks an optimizer as wrapped by a loss scale optimizer.
+
+  tf_keras's own LossScaleOptimizer reads the attribute
+  `_is_wrapped_by_loss_scale_optimizer` and refuses to wrap such an
+  optimizer a second time (tf_keras 2.x to today); we read it as well.
+  """
+  object.__setattr__(inner, "_is_wrapped_by_loss_scale_optimizer", True)
+
+
+def is_wrapped(inner):
+  """Whether `mark_wrapped` (ours or tf_keras's) marked `inner`."""
+  return bool(getattr(inner, "_is_wrapped_by_loss_scale_optimizer", False))
+
+
+# tf_keras's OptimizerV2 (`tf_keras.optimizers.legacy.*`, the optimizers of
+# TF 2.4) has no public way to create its slots, aggregate gradients, or
+# read its hyperparameters by name; these are the members TF 2.4's own
+# LossScaleOptimizer used (all present from TF 2.2 to tf_keras 2.21).
+_V2_MEMBERS = (
+  "_name",
+  "_hyper",
+  "_get_hyper",
+  "_set_hyper",
+  "_create_all_weights",
+  "_transform_unaggregated_gradients",
+  "_aggregate_gradients",
+  "_create_or_restore_slot_variable",
+  "_restore_slot_variable",
+)
+
+
+def v2_check_members(optimizer):
+  """Raises `FrameworkChangedError` unless `optimizer` has the OptimizerV2
+  members used below: checked when it is wrapped, not mid-training."""
+  missing = [name for name in _V2_MEMBERS if not hasattr(optimizer, name)]
+  if missing:
+    raise _changed("tf_keras", f"its OptimizerV2 no longer has {', '.join(missing)}.")
+
+
+def v2_create_all_weights(optimizer, var_list):
+  """Creates an OptimizerV2's slots and hyperparameter variables."""
+  with tf.name_scope(optimizer._name), tf.init_scope():
+    optimizer._create_all_weights(var_list)
+
+
+def v2_aggregate_gradients(optimizer, grads_and_vars):
+  """An OptimizerV2's own all-reduce (with its gradient transformers)."""
+  grads_and_vars = optimizer._transform_unaggregated_gradients(grads_and_vars)
+  return optimizer._aggregate_gradients(grads_and_vars)
+
+
+def v2_hyperparameter_names(optimizer):
+  """The names an OptimizerV2 registered with `_set_hyper`."""
+  return set(optimizer._hyper)
+
+
+def v2_get_hyperparameter(optimizer, name):
+  return optimizer._get_hyper(name)
+
+
+def v2_set_hyperparameter(optimizer, name, value):
+  optimizer._set_hyper(name, value)
+
+
+def v2_create_or_restore_slot_variable(optimizer, slot_variable_position, slot_name, variable):
+  """Checkpoint restore of a slot, answered by the optimizer owning it."""
+  return optimizer._create_or_restore_slot_variable(slot_variable_position, slot_name, variable)
+
+
+def v2_restore_slot_variable(optimizer, slot_name, variable, slot_variable):
+  return optimizer._restore_slot_variable(slot_name, variable, slot_variable)

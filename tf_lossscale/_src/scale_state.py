@@ -1,0 +1,108 @@
+"""The loss scale as the optimizers use it: state, scaling, and the one seam.
+
+Every API of this package updates a dynamic loss scale through
+`DynamicState.update`, multiplies losses with `scale_loss`, divides
+gradients with `unscale_gradients` and branches with `cond`. Each of these
+runs `fast_paths` while they are enabled and the plain `algorithm`
+otherwise, with the same numbers: this module is the only place that chooses.
+
+Scaling gives the numbers TF 2.4 gave: the loss is multiplied by the scale
+cast to the loss's dtype; each gradient by the scale's float32 reciprocal
+cast to its dtype.
+"""
+
+import tensorflow as tf
+
+from tf_lossscale._src import algorithm, fast_paths
+
+
+def _impl():
+  return fast_paths if fast_paths.enabled() else algorithm
+
+
+@tf.autograph.experimental.do_not_convert
+def cond(pred, true_fn, false_fn):
+  """`tf.cond`, decided in Python when `pred` is known (eagerly)."""
+  return _impl().cond(pred, true_fn, false_fn)
+
+
+class DynamicState:
+  """The state of a dynamic loss scale: its settings and two variables.
+
+  The variables belong to whoever tracks them in checkpoints (a legacy
+  `DynamicLossScale`); this object updates them.
+
+  Args:
+    settings: An `algorithm.ScaleSettings`.
+    scale: float32 scalar variable, the current loss scale.
+    counter: int64 scalar variable, finite steps since the scale last changed.
+  """
+
+  def __init__(self, settings, scale, counter):
+    self.settings = settings
+    self.scale = scale
+    self.counter = counter
+
+  @tf.autograph.experimental.do_not_convert
+  def update(self, grads, grads_in_sync=False, apply_fn=None, skip_fn=None):
+    """Decides one step (see `algorithm.update_scale_variables`)."""
+    return _impl().update_scale_variables(
+      self.scale, self.counter, grads, self.settings, grads_in_sync, apply_fn, skip_fn
+    )
+
+
+@tf.autograph.experimental.do_not_convert
+def scale_loss(loss, loss_scale):
+  """Returns `loss * loss_scale` in the loss's dtype (a callable for a callable).
+
+  Args:
+    loss: A tensor, or a callable taking no arguments that returns one.
+    loss_scale: A float32 scalar tensor (or a callable returning one, read
+      when a callable `loss` is called).
+
+  >>> scale_loss(tf.constant(1.5, tf.float16), tf.constant(4.))
+  <tf.Tensor: shape=(), dtype=float16, numpy=6.0>
+  """
+  if callable(loss):
+
+    def scaled_loss():
+      value = tf.convert_to_tensor(loss())
+      scale = loss_scale() if callable(loss_scale) else loss_scale
+      return value * tf.cast(scale, value.dtype)
+
+    return scaled_loss
+  loss = tf.convert_to_tensor(loss)
+  return loss * tf.cast(loss_scale, loss.dtype)
+
+
+@tf.autograph.experimental.do_not_convert
+def unscale_gradients(grads, loss_scale):
+  """Divides each gradient by `loss_scale`; None stays None.
+
+  Each gradient is multiplied by the scale's float32 reciprocal, cast once
+  per gradient dtype, as TF 2.4 did.
+
+  Args:
+    grads: A list of tensors, `tf.IndexedSlices` (kept as such) or None.
+    loss_scale: A float32 scalar tensor.
+
+  Returns:
+    A new list of the same length.
+
+  >>> [float(g) for g in unscale_gradients([tf.constant(2.)], tf.constant(4.))]
+  [0.5]
+  """
+  reciprocal = 1.0 / tf.convert_to_tensor(loss_scale, tf.float32)
+  present = [i for i, g in enumerate(grads) if g is not None]
+  values = [algorithm.gradient_values(grads[i]) for i in present]
+  if fast_paths.enabled():
+    values = fast_paths.multiply_all(values, reciprocal)
+  else:
+    values = [v * tf.cast(reciprocal, v.dtype) for v in values]
+  unscaled = [None] * len(grads)
+  for i, value in zip(present, values, strict=True):
+    grad = grads[i]
+    if isinstance(grad, tf.IndexedSlices):
+      value = tf.IndexedSlices(value, grad.indices, grad.dense_shape)
+    unscaled[i] = value
+  return unscaled
