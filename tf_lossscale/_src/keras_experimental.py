@@ -70,8 +70,9 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
       whose `multiplier` is 2 (the default).
 
   Raises:
-    ValueError: For a `DynamicLossScale` whose multiplier is not 2, or a
-      `loss_scale` of another kind.
+    ValueError: For a number that is not finite and > 0, a
+      `DynamicLossScale` whose multiplier is not 2, or a `loss_scale` of
+      another kind.
     TypeError: For a `LossScale` that is neither a `FixedLossScale` nor a
       `DynamicLossScale`.
   """

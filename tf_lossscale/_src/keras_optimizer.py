@@ -34,7 +34,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_lossscale._src import families, framework_internals, scale_state
+from tf_lossscale._src import families, framework_internals, scale_state, validation
 from tf_lossscale._src import loss_scale as loss_scale_module
 
 _DEFAULT_INITIAL_SCALE = 2.0**15
@@ -139,6 +139,20 @@ def _raise_if_strategy_unsupported():
       f"{strategy.__class__.__name__}. Try using a different Strategy, e.g. a "
       "MirroredStrategy"
     )
+
+
+def _check_arguments(dynamic, initial_scale):
+  """The constructor's argument checks, run before anything is created or
+  the inner optimizer is marked as wrapped."""
+  if not isinstance(dynamic, bool):
+    # Catches the second positional argument of the experimental class
+    # (a loss scale) passed to this class.
+    raise TypeError(
+      f'"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, but got: {dynamic!r}'
+    )
+  if initial_scale is not None:
+    # NaN, Inf and 0 would train with NaN weights or never apply a step.
+    validation.check_finite_above("initial_scale", initial_scale, 0)
 
 
 def _inner_property(name):
@@ -272,8 +286,9 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
   Raises:
     TypeError: If `inner_optimizer` is not a supported optimizer or is a
       `LossScaleOptimizer`, or if `dynamic` is not a bool.
-    ValueError: If `inner_optimizer` is already wrapped, or if `dynamic` is
-      False and `initial_scale` is missing or `dynamic_growth_steps` given.
+    ValueError: If `initial_scale` is not a finite number > 0, if
+      `inner_optimizer` is already wrapped, or if `dynamic` is False and
+      `initial_scale` is missing or `dynamic_growth_steps` given.
   """
 
   def __new__(cls, inner_optimizer=None, *args, **kwargs):
@@ -294,12 +309,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     initial_scale: float | None = None,
     dynamic_growth_steps: int | None = None,
   ) -> None:
-    if not isinstance(dynamic, bool):
-      # Catches the second positional argument of the experimental class
-      # (a loss scale) passed to this class.
-      raise TypeError(
-        f'"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, but got: {dynamic!r}'
-      )
+    _check_arguments(dynamic, initial_scale)
     if isinstance(inner_optimizer, LossScaleOptimizer) or self._family.is_loss_scale_optimizer(
       inner_optimizer
     ):
@@ -806,12 +816,17 @@ def settings_from_legacy_loss_scale(loss_scale, deserializing=False):
 
   Returns:
     A dict of `LossScaleOptimizer` keyword arguments.
+
+  Raises:
+    ValueError: For a number that is not finite and > 0, and as the
+      experimental `LossScaleOptimizer` documents.
   """
   if deserializing and isinstance(loss_scale, dict):
     loss_scale = loss_scale_module.deserialize(loss_scale)
   if isinstance(loss_scale, bool) or loss_scale is None:
     pass
   elif isinstance(loss_scale, (int, float)):
+    validation.check_finite_above("loss_scale", loss_scale, 0)
     return {"dynamic": False, "initial_scale": loss_scale}
   elif isinstance(loss_scale, str) and loss_scale == "dynamic":
     return {"dynamic": True}

@@ -10,12 +10,13 @@ dynamic scale in a `DynamicLossScale` too and update it through
 
 import abc
 import itertools
+import math
 import weakref
 from typing import Any
 
 import tensorflow as tf
 
-from tf_lossscale._src import algorithm, framework_internals, scale_state
+from tf_lossscale._src import algorithm, framework_internals, scale_state, validation
 
 _GRAPH_KEYS = weakref.WeakKeyDictionary()
 _NEXT_GRAPH_KEY = itertools.count()
@@ -138,6 +139,19 @@ class LossScale(framework_internals.Trackable, metaclass=abc.ABCMeta):
     return self._weights.get((name, _graph_key()))
 
 
+def _check_fixed_value(loss_scale_value):
+  """`FixedLossScale`'s argument check: TF 2.4's, with NaN and Inf refused too."""
+  if not isinstance(loss_scale_value, (int, float)):
+    raise ValueError(
+      "loss_scale_value must be a Python int or float. "
+      f"Got: {loss_scale_value!r} of type {type(loss_scale_value).__name__}"
+    )
+  if not loss_scale_value >= 1:
+    raise ValueError(f"loss_scale_value must be at least 1. Got: {loss_scale_value!r}")
+  if math.isinf(loss_scale_value):
+    raise ValueError(f"loss_scale_value must be finite. Got: {loss_scale_value!r}")
+
+
 class FixedLossScale(LossScale):
   """A loss scale that never changes.
 
@@ -154,19 +168,14 @@ class FixedLossScale(LossScale):
     """Creates the fixed loss scale.
 
     Args:
-      loss_scale_value: Python int or float, at least 1.
+      loss_scale_value: Python int or float, at least 1 and finite.
 
     Raises:
-      ValueError: If `loss_scale_value` is not a Python number or below 1.
+      ValueError: If `loss_scale_value` is not a Python number, is below 1 or
+        NaN (TF 2.4's check let NaN through), or is infinite.
     """
     super().__init__()
-    if not isinstance(loss_scale_value, (int, float)):
-      raise ValueError(
-        "loss_scale_value must be a Python int or float. "
-        f"Got: {loss_scale_value!r} of type {type(loss_scale_value).__name__}"
-      )
-    if loss_scale_value < 1:
-      raise ValueError(f"loss_scale_value must be at least 1. Got: {loss_scale_value!r}")
+    _check_fixed_value(loss_scale_value)
     self._loss_scale_value = float(loss_scale_value)
 
   def __call__(self):
@@ -182,6 +191,12 @@ class FixedLossScale(LossScale):
 
   def get_config(self):
     return {"loss_scale_value": self._loss_scale_value}
+
+
+def _check_dynamic_settings(initial_loss_scale, multiplier):
+  """`DynamicLossScale`'s argument check, before any variable is created."""
+  validation.check_finite_above("initial_loss_scale", initial_loss_scale, 0)
+  validation.check_finite_above("multiplier", multiplier, 1)
 
 
 class DynamicLossScale(LossScale):
@@ -210,15 +225,21 @@ class DynamicLossScale(LossScale):
     """Creates the dynamic loss scale.
 
     Args:
-      initial_loss_scale: Python float, the starting scale. Start high: a
+      initial_loss_scale: Python float > 0, the starting scale. Start high: a
         scale that is too high falls within a few steps, one that is too low
         rises only every `increment_period` steps. The default 2**15 is about
         half the largest float16.
       increment_period: Python int, consecutive finite steps before the scale
         grows.
-      multiplier: Python float, the growth and shrink factor.
+      multiplier: Python float, the growth and shrink factor, greater than 1.
+
+    Raises:
+      ValueError: If `initial_loss_scale` is not a finite number > 0 or
+        `multiplier` not a finite number > 1 (TF 2.4 accepted them, and then
+        trained with a scale stuck or growing on overflow, or NaN weights).
     """
     super().__init__()
+    _check_dynamic_settings(initial_loss_scale, multiplier)
     self._settings = algorithm.ScaleSettings(
       float(initial_loss_scale), int(increment_period), float(multiplier)
     )
