@@ -15,7 +15,10 @@ PACKAGE = ROOT / "tf_lossscale"
 # Lower layers never import higher ones (namespaces -> optimizers -> families ->
 # scale state -> algorithm). Every module must be in one layer.
 LAYERS = [
-  ("algorithm", ["_src", "_src.framework_internals", "_src.algorithm", "_src.fast_paths"]),
+  (
+    "algorithm",
+    ["_src", "_src.framework_internals", "_src.algorithm", "_src.fast_paths", "_src.validation"],
+  ),
   ("scale state", ["_src.scale_state", "_src.loss_scale"]),
   ("families", ["_src.families"]),
   ("optimizers", ["_src.keras_optimizer", "_src.keras_experimental", "_src.compat_v1_optimizer"]),

@@ -544,7 +544,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       tape: The `tf.GradientTape` that computed a tensor `loss`.
 
     Returns:
-      None when executing eagerly, otherwise the op applying the step.
+      What `apply_gradients` returns.
 
     >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(0.5))
     >>> var = tf.Variable(3.)
@@ -594,10 +594,18 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
         replicas first. Defaults to True.
 
     Returns:
-      None when executing eagerly, otherwise the op applying the step.
+      The op applying the step, for an OptimizerV2 inner optimizer outside
+      eager execution (as TF 2.4); None otherwise (as tf_keras's wrapper of
+      its newer optimizers), which a `tf.function` can return.
 
     Raises:
-      ValueError: In a cross-replica context, or if no gradient is given.
+      TypeError: For an item that is not a (gradient, variable) pair, or,
+        with a tf_keras inner optimizer, a gradient of another dtype than its
+        variable.
+      ValueError: In a cross-replica context, if no gradient is given, for a
+        gradient whose shape does not fit its variable's, or for a variable
+        a Keras 3 or new tf_keras inner optimizer was not built for. Each
+        check runs before anything changes.
 
     >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(1.), initial_scale=8)
     >>> var = tf.Variable(1.)
@@ -609,14 +617,20 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       raise ValueError("apply_gradients() must be called in a replica context.")
     # Checked here too: the optimizer is often built outside the strategy.
     _raise_if_strategy_unsupported()
-    grads_and_vars = [(g, v) for g, v in grads_and_vars]
+    grads_and_vars = self._checked_gradients(grads_and_vars)
     if self._take_scaled_loss_mark():
       grads = self.get_unscaled_gradients([g for g, _ in grads_and_vars])
       grads_and_vars = list(zip(grads, [v for _, v in grads_and_vars], strict=True))
     grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
-    if not grads_and_vars:
-      raise ValueError("No gradients provided for any variable.")
     self._adapter.build([v for _, v in grads_and_vars])
+    unknown = self._adapter.unknown_variables([v for _, v in grads_and_vars])
+    if unknown:
+      raise ValueError(
+        f"apply_gradients got a gradient for variable {unknown[0].name!r}, which the inner "
+        f"{type(self._optimizer).__name__} was not built for: build it with every variable "
+        "it will update (`optimizer.build(variables)`) before its first step, or use a new "
+        "optimizer"
+      )
     # Reduced here, the gradients are the same on every replica and one
     # replica's finiteness is everyone's. Without aggregation (the caller's
     # choice) or where the inner optimizer must aggregate itself, each
@@ -627,9 +641,29 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       grads_and_vars = self._adapter.reduce_gradients(grads_and_vars)
     grads = [g for g, _ in grads_and_vars]
     wrapped_vars = _Opaque([v for _, v in grads_and_vars])
-    return tf.distribute.get_replica_context().merge_call(
+    step_op = tf.distribute.get_replica_context().merge_call(
       self._apply_cross_replica, args=(grads, wrapped_vars, name, in_sync, inner_aggregates)
     )
+    return step_op if self._family.returns_step_op else None
+
+  def _checked_gradients(self, grads_and_vars):
+    """`apply_gradients`' checks, before the scale, a variable or a slot changes.
+
+    Returns:
+      The pairs, as a list of tuples.
+
+    Raises:
+      TypeError: For an item that is not a (gradient, variable) pair, or a
+        gradient whose dtype the inner optimizer cannot take.
+      ValueError: If no gradient is given, or one does not fit its
+        variable's shape.
+    """
+    pairs = validation.gradient_pairs(grads_and_vars)
+    if all(g is None for g, _ in pairs):
+      # TF 2.4's wording.
+      raise ValueError(f"No gradients provided for any variable: {[v.name for _, v in pairs]}.")
+    validation.check_gradients_fit(pairs, self._family.gradient_dtype_must_match)
+    return pairs
 
   def _apply_cross_replica(self, strategy, grads, wrapped_vars, name, in_sync, inner_aggregates):
     def apply_fn():

@@ -50,11 +50,20 @@ class Family(abc.ABC):
 
   An instance is the adapter of one wrapped optimizer, `self.inner`.
 
-  Attributes:
-    optimizer_api: The framework class the wrapper inherits (class attribute).
+  Attributes (class attributes, each must be set):
+    optimizer_api: The framework class the wrapper inherits.
+    gradient_dtype_must_match: Whether the inner optimizer needs each
+      gradient in its variable's dtype (one that casts gradients does not):
+      `apply_gradients` then refuses other dtypes before anything changes.
+    returns_step_op: Whether `apply_gradients` and `minimize` return the
+      step's op outside eager execution, as this framework's optimizers do
+      (TF1 graphs run it); else they return None, which a `tf.function` can
+      return too.
   """
 
   optimizer_api = None
+  gradient_dtype_must_match = None
+  returns_step_op = None
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
@@ -63,10 +72,15 @@ class Family(abc.ABC):
       for name in Family.__abstractmethods__
       if getattr(getattr(cls, name), "__isabstractmethod__", False)
     )
-    if missing or cls.optimizer_api is None:
+    unset = [
+      name
+      for name in ("optimizer_api", "gradient_dtype_must_match", "returns_step_op")
+      if getattr(cls, name) is None
+    ]
+    if missing or unset:
       raise TypeError(
         f"Inner-optimizer family {cls.__name__} must implement {missing or ''}"
-        f"{' and set optimizer_api' if cls.optimizer_api is None else ''}"
+        f"{' and set ' + ', '.join(unset) if unset else ''}"
       )
 
   def __init__(self, inner):
@@ -114,6 +128,12 @@ class Family(abc.ABC):
   def build(self, var_list):
     """Creates the inner optimizer's slots for `var_list` (outside any
     function, once, before the first apply)."""
+
+  @abc.abstractmethod
+  def unknown_variables(self, variables):
+    """After `build`: those of `variables` the inner optimizer cannot update
+    (an optimizer that keeps state per variable only from its build), in
+    order; empty when it takes new variables as they come."""
 
   @abc.abstractmethod
   def reduce_gradients(self, grads_and_vars):

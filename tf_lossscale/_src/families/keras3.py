@@ -94,6 +94,8 @@ class Keras3Family(base.Family):
   """Adapter of a Keras 3 inner optimizer."""
 
   optimizer_api = Keras3OptimizerApi
+  gradient_dtype_must_match = False  # Keras 3 casts gradients to the variable's dtype.
+  returns_step_op = False
 
   def __init__(self, inner):
     super().__init__(inner)
@@ -141,6 +143,9 @@ class Keras3Family(base.Family):
       tf.distribute.get_replica_context().merge_call(build)
     else:
       build()
+
+  def unknown_variables(self, variables):
+    return [v for v in variables if not framework_internals.keras3_knows_variable(self.inner, v)]
 
   def reduce_gradients(self, grads_and_vars):
     if tf.distribute.get_replica_context() is None:

@@ -6,6 +6,8 @@ These optimizers apply already-reduced gradients with
 `skip_gradients_aggregation=True`.
 """
 
+import inspect
+
 import tensorflow as tf
 import tf_keras
 
@@ -46,6 +48,8 @@ class TfKerasFamily(base.Family):
   """Adapter of a new tf_keras inner optimizer."""
 
   optimizer_api = TfKerasOptimizerApi
+  gradient_dtype_must_match = True
+  returns_step_op = False  # As tf_keras's own wrapper of these optimizers.
 
   @classmethod
   def accepts(cls, optimizer):
@@ -70,19 +74,27 @@ class TfKerasFamily(base.Family):
     with tf.init_scope():
       self.inner.build(var_list)
 
+  def unknown_variables(self, variables):
+    return [v for v in variables if not framework_internals.tf_keras_knows_variable(self.inner, v)]
+
   def reduce_gradients(self, grads_and_vars):
     return self.inner.aggregate_gradients(grads_and_vars)
 
+  def _apply_gradients_takes(self, argument):
+    """Whether the inner optimizer's `apply_gradients` takes `argument`: a
+    subclass may narrow the signature (tf_keras's wrapper copes too)."""
+    parameters = inspect.signature(self.inner.apply_gradients).parameters.values()
+    return any(p.name == argument or p.kind == p.VAR_KEYWORD for p in parameters)
+
   def can_apply_reduced(self):
-    return True
+    return self._apply_gradients_takes("skip_gradients_aggregation")
 
   def apply(self, grads, variables, name, aggregate):
+    kwargs = {"name": name} if self._apply_gradients_takes("name") else {}
+    if not aggregate:
+      kwargs["skip_gradients_aggregation"] = True
     # Its result, the iterations variable, cannot leave a cond branch.
-    self.inner.apply_gradients(
-      list(zip(grads, variables, strict=True)),
-      name=name,
-      skip_gradients_aggregation=not aggregate,
-    )
+    self.inner.apply_gradients(list(zip(grads, variables, strict=True)), **kwargs)
 
   def count_skipped_step(self):
     self.inner.iterations.assign_add(1)

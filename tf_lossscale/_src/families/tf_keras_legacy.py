@@ -95,6 +95,8 @@ class OptimizerV2Family(base.Family):
   """Adapter of a tf_keras OptimizerV2 inner optimizer."""
 
   optimizer_api = OptimizerV2Api
+  gradient_dtype_must_match = True
+  returns_step_op = True  # TF 2.4's: TF1 graphs and Sessions run it.
 
   def __init__(self, inner):
     super().__init__(inner)
@@ -128,6 +130,10 @@ class OptimizerV2Family(base.Family):
 
   def build(self, var_list):
     framework_internals.v2_create_all_weights(self.inner, var_list)
+
+  def unknown_variables(self, variables):
+    del variables  # OptimizerV2 creates the slots of a new variable when it comes.
+    return []
 
   def reduce_gradients(self, grads_and_vars):
     return framework_internals.v2_aggregate_gradients(self.inner, grads_and_vars)
