@@ -130,4 +130,8 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
     return public_cls(optimizer, loss_scale)
 
 
-families.register_public_class(LossScaleOptimizer, "ExperimentalLossScaleOptimizer")
+# TF 2.4 serialized this class under its class name, LossScaleOptimizerV1, and
+# deserialized that name as the non-experimental class.
+families.register_public_class(
+  LossScaleOptimizer, "LossScaleOptimizerV1", keras_optimizer.LossScaleOptimizer
+)

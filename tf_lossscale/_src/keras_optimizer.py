@@ -105,7 +105,7 @@ def _concrete_class(public_cls, family):
         "_family": family,
       },
     )
-    family.register_serializable(concrete, families.registered_name(public_cls))
+    family.register_serializable(concrete, *families.registration(public_cls))
     _CONCRETE_CLASSES[key] = concrete
   return _CONCRETE_CLASSES[key]
 

@@ -101,9 +101,10 @@ class Family(abc.ABC):
 
   @classmethod
   @abc.abstractmethod
-  def register_serializable(cls, public_class, name):
-    """Registers `public_class` under `name` with this framework's
-    serialization, so that its saved models and configs load."""
+  def register_serializable(cls, serialized_class, name, deserialized_class):
+    """Registers with this framework's serialization: objects of
+    `serialized_class` serialize under `name`, which deserializes with
+    `deserialized_class.from_config`, so that saved models and configs load."""
 
   @classmethod
   @abc.abstractmethod
@@ -183,12 +184,24 @@ class Family(abc.ABC):
 
 
 def written_by_tf_keras(config):
-  """Whether a serialized optimizer comes from tf_keras.
+  """Whether a serialized optimizer comes from tf_keras or the Keras 2 before it.
 
   Keras 3 and tf_keras both write module `keras.optimizers`; only tf_keras
   writes `is_legacy_optimizer`, and its OptimizerV2 `keras.optimizers.legacy`.
+  Keras 2 (TF <= 2.12, and its legacy format later) wrote no `module` at all.
   """
-  module = str(config.get("module", ""))
-  return module.startswith("keras.optimizers.legacy") or "is_legacy_optimizer" in config.get(
-    "config", {}
-  )
+  if "module" not in config:
+    return True
+  return is_optimizer_v2_config(config) or "is_legacy_optimizer" in config.get("config", {})
+
+
+def is_optimizer_v2_config(config):
+  """Whether a serialized optimizer is an OptimizerV2's (TF 2.4's kind).
+
+  tf_keras writes module `keras.optimizers.legacy` for them. Keras 2 wrote no
+  module; from TF 2.11 it marked its newer optimizers `is_legacy_optimizer:
+  False`, and TF <= 2.10 had only OptimizerV2.
+  """
+  if "module" not in config:
+    return config.get("config", {}).get("is_legacy_optimizer", True) is not False
+  return str(config["module"]).startswith("keras.optimizers.legacy")

@@ -41,6 +41,22 @@ def _snake_case(name):
   return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
 
 
+def _from_keras2_config(config):
+  """A Keras 2 optimizer config with its legacy keys in Keras 3's terms."""
+  inner = dict(config.get("config", {}))
+  inner.pop("is_legacy_optimizer", None)
+  if "lr" in inner:
+    inner["learning_rate"] = inner.pop("lr")
+  decay = inner.pop("decay", 0.0)
+  if decay and isinstance(inner.get("learning_rate"), (int, float)):
+    inner["learning_rate"] = keras.optimizers.schedules.InverseTimeDecay(
+      inner["learning_rate"], decay_steps=1, decay_rate=decay
+    )
+  elif decay:
+    inner["decay"] = decay  # Over a schedule: Keras 3 warns that it ignores it.
+  return dict(config, config=inner)
+
+
 class Keras3OptimizerApi(keras.optimizers.LossScaleOptimizer):
   """Keras 3's optimizer API of the wrapper, on the inner optimizer's state."""
 
@@ -112,8 +128,10 @@ class Keras3Family(base.Family):
     return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
   @classmethod
-  def register_serializable(cls, public_class, name):
-    keras.saving.register_keras_serializable("tf_lossscale", name)(public_class)
+  def register_serializable(cls, serialized_class, name, deserialized_class):
+    keras.saving.register_keras_serializable("tf_lossscale", name)(serialized_class)
+    # After the line above, which maps the name to `serialized_class` too.
+    keras.saving.get_custom_objects()[f"tf_lossscale>{name}"] = deserialized_class
 
   @classmethod
   def claims_config(cls, config):
@@ -121,6 +139,16 @@ class Keras3Family(base.Family):
 
   @classmethod
   def deserialize(cls, config, custom_objects):
+    """Rebuilds a Keras 3 optimizer; a Keras 2 config (no `module`) too.
+
+    Keras 2's OptimizerV2 wrote keys Keras 3 does not take: `lr` is
+    `learning_rate`, `is_legacy_optimizer` is dropped, and `decay` (the
+    learning rate divided by `1 + decay * iterations`) becomes the Keras 3
+    schedule that computes the same, an `InverseTimeDecay` with
+    `decay_steps=1`.
+    """
+    if "module" not in config:
+      config = _from_keras2_config(config)
     return keras.optimizers.deserialize(dict(config), custom_objects=custom_objects)
 
   @classmethod

@@ -87,8 +87,10 @@ def _is_tf_keras_loss_scale_optimizer(optimizer):
   return isinstance(optimizer, framework_internals.tf_keras_base_loss_scale_optimizer())
 
 
-def _register(public_class, name):
-  tf_keras.saving.register_keras_serializable("tf_lossscale", name)(public_class)
+def _register(serialized_class, name, deserialized_class):
+  tf_keras.saving.register_keras_serializable("tf_lossscale", name)(serialized_class)
+  # After the line above, which maps the name to `serialized_class` too.
+  tf_keras.saving.get_custom_objects()[f"tf_lossscale>{name}"] = deserialized_class
 
 
 class OptimizerV2Family(base.Family):
@@ -111,12 +113,12 @@ class OptimizerV2Family(base.Family):
     return _is_tf_keras_loss_scale_optimizer(optimizer)
 
   @classmethod
-  def register_serializable(cls, public_class, name):
-    _register(public_class, name)
+  def register_serializable(cls, serialized_class, name, deserialized_class):
+    _register(serialized_class, name, deserialized_class)
 
   @classmethod
   def claims_config(cls, config):
-    return str(config.get("module", "")).startswith("keras.optimizers.legacy")
+    return base.is_optimizer_v2_config(config)
 
   @classmethod
   def deserialize(cls, config, custom_objects):
