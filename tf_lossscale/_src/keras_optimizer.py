@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from tf_lossscale._src import families, framework_internals, scale_state, validation
@@ -153,6 +154,12 @@ def _check_arguments(dynamic, initial_scale):
   if initial_scale is not None:
     # NaN, Inf and 0 would train with NaN weights or never apply a step.
     validation.check_finite_above("initial_scale", initial_scale, 0)
+
+
+def _watchable(variables):
+  """`variables` as `GradientTape.watch` takes them: a Keras 3 variable is
+  watched through the TensorFlow variable holding its value."""
+  return [v.value if isinstance(v, keras.Variable) else v for v in tf.nest.flatten(variables)]
 
 
 def _inner_property(name):
@@ -557,7 +564,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     tape = tf.GradientTape() if tape is None else tape
     with tape:
       if not callable(var_list):
-        tape.watch(var_list)
+        tape.watch(_watchable(var_list))
       scaled_loss = self.get_scaled_loss(loss)
       if callable(scaled_loss):
         scaled_loss = scaled_loss()
