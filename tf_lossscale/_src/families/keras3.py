@@ -15,6 +15,7 @@ it applies those reduced gradients through the inner optimizer, the inner
 optimizer's reduction passes them through (`framework_internals.keras3_reduce_once`).
 """
 
+import numbers
 import re
 import threading
 
@@ -48,7 +49,7 @@ def _from_keras2_config(config):
   if "lr" in inner:
     inner["learning_rate"] = inner.pop("lr")
   decay = inner.pop("decay", 0.0)
-  if decay and isinstance(inner.get("learning_rate"), (int, float)):
+  if decay and isinstance(inner.get("learning_rate"), numbers.Real):
     inner["learning_rate"] = keras.optimizers.schedules.InverseTimeDecay(
       inner["learning_rate"], decay_steps=1, decay_rate=decay
     )

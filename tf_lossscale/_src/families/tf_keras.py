@@ -3,7 +3,8 @@
 As for OptimizerV2 (`tf_keras_legacy`), the wrapper is an optimizer of this
 kind and a tf_keras `BaseLossScaleOptimizer`, with no base constructor run.
 These optimizers apply already-reduced gradients with
-`skip_gradients_aggregation=True`.
+`skip_gradients_aggregation=True`; a subclass whose `apply_gradients` does
+not take it (or `name`) is not passed it, and sums the gradients itself.
 """
 
 import inspect
@@ -51,6 +52,13 @@ class TfKerasFamily(base.Family):
   gradient_dtype_must_match = True
   returns_step_op = False  # As tf_keras's own wrapper of these optimizers.
 
+  def __init__(self, inner):
+    super().__init__(inner)
+    # A subclass may narrow `apply_gradients` (tf_keras's own wrapper copes).
+    parameters = inspect.signature(inner.apply_gradients).parameters.values()
+    self._apply_gradients_names = {p.name for p in parameters}
+    self._apply_gradients_takes_any = any(p.kind == p.VAR_KEYWORD for p in parameters)
+
   @classmethod
   def accepts(cls, optimizer):
     return isinstance(optimizer, tf_keras.optimizers.Optimizer)
@@ -81,10 +89,8 @@ class TfKerasFamily(base.Family):
     return self.inner.aggregate_gradients(grads_and_vars)
 
   def _apply_gradients_takes(self, argument):
-    """Whether the inner optimizer's `apply_gradients` takes `argument`: a
-    subclass may narrow the signature (tf_keras's wrapper copes too)."""
-    parameters = inspect.signature(self.inner.apply_gradients).parameters.values()
-    return any(p.name == argument or p.kind == p.VAR_KEYWORD for p in parameters)
+    """Whether the inner optimizer's `apply_gradients` takes `argument`."""
+    return self._apply_gradients_takes_any or argument in self._apply_gradients_names
 
   def can_apply_reduced(self):
     return self._apply_gradients_takes("skip_gradients_aggregation")
