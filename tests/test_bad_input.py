@@ -374,6 +374,15 @@ GRADIENT_ROWS = {
     ValueError,
     lambda v: [*_names("b")(v), *SHAPES_NAMED],
   ),
+  "sparse_values_shape_mismatch": (
+    GRADIENT_FAMILIES,
+    lambda v: [
+      (tf.ones([2]), v["a"]),
+      (tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]), tf.constant([2])), v["b"]),
+    ],
+    ValueError,
+    lambda v: [*_names("b")(v), "IndexedSlices", re.escape("(1, 2)"), re.escape("(2,)")],
+  ),
   "unknown_variable": (
     ["keras3", "tf_keras_new"],  # OptimizerV2 and compat.v1 make slots for it
     lambda v: [(tf.ones([2]), v["c"])],
