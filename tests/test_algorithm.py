@@ -310,7 +310,7 @@ state_machine_args = dict(
     st.floats(min_value=2.0**120, max_value=FLOAT32_MAX, width=32),
   ),
   increment_period=st.integers(1, 4),
-  multiplier=st.floats(min_value=1.0, max_value=1e3, width=32),
+  multiplier=st.floats(min_value=1.0, max_value=1e3, width=32, exclude_min=True),
   steps=st.lists(st.sampled_from(list(GRAD_VALUES)), max_size=12),
 )
 

@@ -14,7 +14,10 @@ PACKAGE = ROOT / "tf_lossscale"
 # Lower layers never import higher ones (namespaces -> callbacks -> optimizers ->
 # families -> scale state -> algorithm). Every module must be in one layer.
 LAYERS = [
-  ("algorithm", ["_src", "_src.framework_internals", "_src.algorithm", "_src.fast_paths"]),
+  (
+    "algorithm",
+    ["_src", "_src.framework_internals", "_src.algorithm", "_src.fast_paths", "_src.validation"],
+  ),
   ("migration tool (independent of the rest)", ["_src.upgrade"]),
   ("scale state", ["_src.scale_state", "_src.loss_scale"]),
   ("families", ["_src.families"]),

@@ -10,7 +10,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_lossscale._src import framework_internals, scale_state
+from tf_lossscale._src import framework_internals, scale_state, validation
 from tf_lossscale._src import loss_scale as loss_scale_module
 
 _V1Optimizer = tf.compat.v1.train.Optimizer
@@ -47,6 +47,22 @@ def _raise_if_strategy_unsupported():
       f"Loss scaling is not supported with the tf.distribute.Strategy: {name}. "
       "Try using a different Strategy, e.g. a MirroredStrategy."
     )
+
+
+def _checked_gradients(grads_and_vars):
+  """`apply_gradients`' checks, before the scale, a variable or a slot changes.
+
+  TF's own class made them (in TF's words) only once the scale had been
+  updated, and not at all under a strategy; a dtype mismatch reached the
+  inner optimizer's kernel, which can abort the process.
+  """
+  pairs = validation.gradient_pairs(grads_and_vars)
+  if not pairs:
+    raise ValueError("No variables provided.")
+  if all(g is None for g, _ in pairs):
+    raise ValueError(f"No gradients provided for any variable: {[str(v) for _, v in pairs]}.")
+  validation.check_gradients_fit(pairs, dtype_must_match=True)
+  return pairs
 
 
 class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
@@ -209,9 +225,13 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
       the gradients (None when eager).
 
     Raises:
-      ValueError: In a cross-replica context, or under a strategy that loss
+      TypeError: For an item that is not a (gradient, variable) pair, or a
+        gradient whose dtype is not its variable's.
+      ValueError: In a cross-replica context, under a strategy that loss
         scaling does not support (the TPU strategies and TF2's
-        `tf.distribute.experimental.ParameterServerStrategy`).
+        `tf.distribute.experimental.ParameterServerStrategy`), if no pair or
+        no gradient is given, or for a gradient whose shape does not fit its
+        variable's. Each check runs before anything changes.
 
     >>> import tf_lossscale
     >>> var = tf.Variable(1.0)
@@ -229,6 +249,7 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     if tf.distribute.in_cross_replica_context():
       raise ValueError("apply_gradients() must be called in a replica context.")
     _raise_if_strategy_unsupported()
+    grads_and_vars = _checked_gradients(grads_and_vars)
     return tf.distribute.get_replica_context().merge_call(
       self._apply_if_scale_allows, args=(tuple(grads_and_vars), global_step, name)
     )

@@ -335,7 +335,40 @@ def keras3_trainable_variables(inner):
   return variables
 
 
+def keras3_knows_variable(inner, variable):
+  """Whether a built Keras 3 optimizer was built for `variable` (only those
+  can it update: it raises `ValueError('Unknown variable')` mid-step else).
+
+  Relies on `_var_key(variable)` and `_trainable_variables_indices`, the
+  look-up Keras 3's own check uses (Keras 3.0 to today; `_var_key` sees
+  through tf.distribute's and Keras's variable wrappers). Missing: True, and
+  Keras 3 itself refuses an unknown variable, later in the step.
+  """
+  var_key = getattr(inner, "_var_key", None)
+  known = getattr(inner, "_trainable_variables_indices", None)
+  if var_key is None or known is None:
+    return True
+  return var_key(variable) in known
+
+
 # --- tf_keras (optional) ---------------------------------------------------------
+
+
+def tf_keras_knows_variable(inner, variable):
+  """Whether a built new tf_keras optimizer (`tf_keras.optimizers.*`, not
+  `.legacy`) was built for `variable` (only those can it update: it raises
+  `KeyError` mid-step else).
+
+  Relies on `_var_key(variable)` and `_index_dict`, the look-up its own
+  `_update_step` uses (TF 2.11's Keras to tf_keras 2.21; `_var_key` sees
+  through tf.distribute's variable wrappers). Missing: True, and tf_keras
+  itself refuses an unknown variable, later in the step.
+  """
+  var_key = getattr(inner, "_var_key", None)
+  known = getattr(inner, "_index_dict", None)
+  if var_key is None or known is None:
+    return True
+  return var_key(variable) in known
 
 
 def tf_keras_base_loss_scale_optimizer():

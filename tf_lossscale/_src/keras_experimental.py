@@ -79,8 +79,9 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
       over.
 
   Raises:
-    ValueError: For a `DynamicLossScale` whose multiplier is not 2, or a
-      `loss_scale` of another kind.
+    ValueError: For a number that is not finite and > 0, a
+      `DynamicLossScale` whose multiplier is not 2, or a `loss_scale` of
+      another kind.
     TypeError: For a `LossScale` that is neither a `FixedLossScale` nor a
       `DynamicLossScale`.
   """
@@ -139,4 +140,8 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
     return public_cls(optimizer, loss_scale)
 
 
-families.register_public_class(LossScaleOptimizer, "ExperimentalLossScaleOptimizer")
+# TF 2.4 serialized this class under its class name, LossScaleOptimizerV1, and
+# deserialized that name as the non-experimental class.
+families.register_public_class(
+  LossScaleOptimizer, "LossScaleOptimizerV1", keras_optimizer.LossScaleOptimizer
+)

@@ -32,9 +32,10 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import keras
 import tensorflow as tf
 
-from tf_lossscale._src import families, framework_internals, scale_state
+from tf_lossscale._src import families, framework_internals, scale_state, validation
 from tf_lossscale._src import loss_scale as loss_scale_module
 
 _DEFAULT_INITIAL_SCALE = 2.0**15
@@ -105,7 +106,7 @@ def _concrete_class(public_cls, family):
         "_family": family,
       },
     )
-    family.register_serializable(concrete, families.registered_name(public_cls))
+    family.register_serializable(concrete, *families.registration(public_cls))
     _CONCRETE_CLASSES[key] = concrete
   return _CONCRETE_CLASSES[key]
 
@@ -139,6 +140,26 @@ def _raise_if_strategy_unsupported():
       f"{strategy.__class__.__name__}. Try using a different Strategy, e.g. a "
       "MirroredStrategy"
     )
+
+
+def _check_arguments(dynamic, initial_scale):
+  """The constructor's argument checks, run before anything is created or
+  the inner optimizer is marked as wrapped."""
+  if not isinstance(dynamic, bool):
+    # Catches the second positional argument of the experimental class
+    # (a loss scale) passed to this class.
+    raise TypeError(
+      f'"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, but got: {dynamic!r}'
+    )
+  if initial_scale is not None:
+    # NaN, Inf and 0 would train with NaN weights or never apply a step.
+    validation.check_finite_above("initial_scale", initial_scale, 0)
+
+
+def _watchable(variables):
+  """`variables` as `GradientTape.watch` takes them: a Keras 3 variable is
+  watched through the TensorFlow variable holding its value."""
+  return [v.value if isinstance(v, keras.Variable) else v for v in tf.nest.flatten(variables)]
 
 
 def _inner_property(name):
@@ -317,8 +338,9 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
   Raises:
     TypeError: If `inner_optimizer` is not a supported optimizer or is a
       `LossScaleOptimizer`, or if `dynamic` is not a bool.
-    ValueError: If `inner_optimizer` is already wrapped, if `dynamic` is
-      False and `initial_scale` is missing or `dynamic_growth_steps`,
+    ValueError: If `initial_scale` is not a finite number > 0, if
+      `inner_optimizer` is already wrapped, if `dynamic` is False and
+      `initial_scale` is missing or `dynamic_growth_steps`,
       `min_loss_scale`, `max_loss_scale` or `hysteresis` given, or if one of
       these three is outside what is allowed above.
   """
@@ -345,12 +367,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     max_loss_scale: float | None = None,
     hysteresis: int | None = None,
   ) -> None:
-    if not isinstance(dynamic, bool):
-      # Catches the second positional argument of the experimental class
-      # (a loss scale) passed to this class.
-      raise TypeError(
-        f'"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, but got: {dynamic!r}'
-      )
+    _check_arguments(dynamic, initial_scale)
     if isinstance(inner_optimizer, LossScaleOptimizer) or self._family.is_loss_scale_optimizer(
       inner_optimizer
     ):
@@ -660,7 +677,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       tape: The `tf.GradientTape` that computed a tensor `loss`.
 
     Returns:
-      None when executing eagerly, otherwise the op applying the step.
+      What `apply_gradients` returns.
 
     >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(0.5))
     >>> var = tf.Variable(3.)
@@ -673,7 +690,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     tape = tf.GradientTape() if tape is None else tape
     with tape:
       if not callable(var_list):
-        tape.watch(var_list)
+        tape.watch(_watchable(var_list))
       scaled_loss = self.get_scaled_loss(loss)
       if callable(scaled_loss):
         scaled_loss = scaled_loss()
@@ -710,10 +727,18 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
         replicas first. Defaults to True.
 
     Returns:
-      None when executing eagerly, otherwise the op applying the step.
+      The op applying the step, for an OptimizerV2 inner optimizer outside
+      eager execution (as TF 2.4); None otherwise (as tf_keras's wrapper of
+      its newer optimizers), which a `tf.function` can return.
 
     Raises:
-      ValueError: In a cross-replica context, or if no gradient is given.
+      TypeError: For an item that is not a (gradient, variable) pair, or,
+        with a tf_keras inner optimizer, a gradient of another dtype than its
+        variable.
+      ValueError: In a cross-replica context, if no gradient is given, for a
+        gradient whose shape does not fit its variable's, or for a variable
+        a Keras 3 or new tf_keras inner optimizer was not built for. Each
+        check runs before anything changes.
 
     >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(1.), initial_scale=8)
     >>> var = tf.Variable(1.)
@@ -725,14 +750,20 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       raise ValueError("apply_gradients() must be called in a replica context.")
     # Checked here too: the optimizer is often built outside the strategy.
     _raise_if_strategy_unsupported()
-    grads_and_vars = [(g, v) for g, v in grads_and_vars]
+    grads_and_vars = self._checked_gradients(grads_and_vars)
     if self._take_scaled_loss_mark():
       grads = self.get_unscaled_gradients([g for g, _ in grads_and_vars])
       grads_and_vars = list(zip(grads, [v for _, v in grads_and_vars], strict=True))
     grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
-    if not grads_and_vars:
-      raise ValueError("No gradients provided for any variable.")
     self._adapter.build([v for _, v in grads_and_vars])
+    unknown = self._adapter.unknown_variables([v for _, v in grads_and_vars])
+    if unknown:
+      raise ValueError(
+        f"apply_gradients got a gradient for variable {unknown[0].name!r}, which the inner "
+        f"{type(self._optimizer).__name__} was not built for: build it with every variable "
+        "it will update (`optimizer.build(variables)`) before its first step, or use a new "
+        "optimizer"
+      )
     # Reduced here, the gradients are the same on every replica and one
     # replica's finiteness is everyone's. Without aggregation (the caller's
     # choice) or where the inner optimizer must aggregate itself, each
@@ -743,9 +774,29 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       grads_and_vars = self._adapter.reduce_gradients(grads_and_vars)
     grads = [g for g, _ in grads_and_vars]
     wrapped_vars = _Opaque([v for _, v in grads_and_vars])
-    return tf.distribute.get_replica_context().merge_call(
+    step_op = tf.distribute.get_replica_context().merge_call(
       self._apply_cross_replica, args=(grads, wrapped_vars, name, in_sync, inner_aggregates)
     )
+    return step_op if self._family.returns_step_op else None
+
+  def _checked_gradients(self, grads_and_vars):
+    """`apply_gradients`' checks, before the scale, a variable or a slot changes.
+
+    Returns:
+      The pairs, as a list of tuples.
+
+    Raises:
+      TypeError: For an item that is not a (gradient, variable) pair, or a
+        gradient whose dtype the inner optimizer cannot take.
+      ValueError: If no gradient is given, or one does not fit its
+        variable's shape.
+    """
+    pairs = validation.gradient_pairs(grads_and_vars)
+    if all(g is None for g, _ in pairs):
+      # TF 2.4's wording.
+      raise ValueError(f"No gradients provided for any variable: {[v.name for _, v in pairs]}.")
+    validation.check_gradients_fit(pairs, self._family.gradient_dtype_must_match)
+    return pairs
 
   def _apply_cross_replica(self, strategy, grads, wrapped_vars, name, in_sync, inner_aggregates):
     def apply_fn():
@@ -935,12 +986,17 @@ def settings_from_legacy_loss_scale(loss_scale, deserializing=False):
 
   Returns:
     A dict of `LossScaleOptimizer` keyword arguments.
+
+  Raises:
+    ValueError: For a number that is not finite and > 0, and as the
+      experimental `LossScaleOptimizer` documents.
   """
   if deserializing and isinstance(loss_scale, dict):
     loss_scale = loss_scale_module.deserialize(loss_scale)
   if isinstance(loss_scale, bool) or loss_scale is None:
     pass
   elif isinstance(loss_scale, (int, float)):
+    validation.check_finite_above("loss_scale", loss_scale, 0)
     return {"dynamic": False, "initial_scale": loss_scale}
   elif isinstance(loss_scale, str) and loss_scale == "dynamic":
     return {"dynamic": True}

@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_lossscale._src import algorithm, framework_internals, scale_state
+from tf_lossscale._src import algorithm, framework_internals, scale_state, validation
 
 _GRAPH_KEYS = weakref.WeakKeyDictionary()
 _NEXT_GRAPH_KEY = itertools.count()
@@ -140,6 +140,19 @@ class LossScale(framework_internals.Trackable, metaclass=abc.ABCMeta):
     return self._weights.get((name, _graph_key()))
 
 
+def _check_fixed_value(loss_scale_value):
+  """`FixedLossScale`'s argument check: TF 2.4's, with NaN and Inf refused too."""
+  if not isinstance(loss_scale_value, (int, float)):
+    raise ValueError(
+      "loss_scale_value must be a Python int or float. "
+      f"Got: {loss_scale_value!r} of type {type(loss_scale_value).__name__}"
+    )
+  if not loss_scale_value >= 1:
+    raise ValueError(f"loss_scale_value must be at least 1. Got: {loss_scale_value!r}")
+  if math.isinf(loss_scale_value):
+    raise ValueError(f"loss_scale_value must be finite. Got: {loss_scale_value!r}")
+
+
 class FixedLossScale(LossScale):
   """A loss scale that never changes.
 
@@ -156,19 +169,14 @@ class FixedLossScale(LossScale):
     """Creates the fixed loss scale.
 
     Args:
-      loss_scale_value: Python int or float, at least 1.
+      loss_scale_value: Python int or float, at least 1 and finite.
 
     Raises:
-      ValueError: If `loss_scale_value` is not a Python number or below 1.
+      ValueError: If `loss_scale_value` is not a Python number, is below 1 or
+        NaN (TF 2.4's check let NaN through), or is infinite.
     """
     super().__init__()
-    if not isinstance(loss_scale_value, (int, float)):
-      raise ValueError(
-        "loss_scale_value must be a Python int or float. "
-        f"Got: {loss_scale_value!r} of type {type(loss_scale_value).__name__}"
-      )
-    if loss_scale_value < 1:
-      raise ValueError(f"loss_scale_value must be at least 1. Got: {loss_scale_value!r}")
+    _check_fixed_value(loss_scale_value)
     self._loss_scale_value = float(loss_scale_value)
 
   def __call__(self):
@@ -237,6 +245,12 @@ def scale_options(initial_scale, min_loss_scale=1.0, max_loss_scale=None, hyster
   return float(min_loss_scale), float(max_scale), int(hysteresis)
 
 
+def _check_dynamic_settings(initial_loss_scale, multiplier):
+  """`DynamicLossScale`'s argument check, before any variable is created."""
+  validation.check_finite_above("initial_loss_scale", initial_loss_scale, 0)
+  validation.check_finite_above("multiplier", multiplier, 1)
+
+
 class DynamicLossScale(LossScale):
   """A loss scale that adapts to the gradients.
 
@@ -287,13 +301,13 @@ class DynamicLossScale(LossScale):
     """Creates the dynamic loss scale.
 
     Args:
-      initial_loss_scale: Python float, the starting scale. Start high: a
+      initial_loss_scale: Python float > 0, the starting scale. Start high: a
         scale that is too high falls within a few steps, one that is too low
         rises only every `increment_period` steps. The default 2**15 is about
         half the largest float16.
       increment_period: Python int, consecutive finite steps before the scale
         grows.
-      multiplier: Python float, the growth and shrink factor.
+      multiplier: Python float, the growth and shrink factor, greater than 1.
       min_loss_scale: Keyword-only, beyond TF 2.4: the scale never shrinks
         below it. A finite number greater than 0; below 1 lets the scale
         shrink under 1 (for losses whose gradients overflow even unscaled).
@@ -309,9 +323,13 @@ class DynamicLossScale(LossScale):
         length (so checkpoints keep TF 2.4's keys).
 
     Raises:
-      ValueError: For an option outside what is allowed above.
+      ValueError: If `initial_loss_scale` is not a finite number > 0,
+        `multiplier` not a finite number > 1 (TF 2.4 accepted them, and then
+        trained with a scale stuck or growing on overflow, or NaN weights), or
+        an option is outside what is allowed above.
     """
     super().__init__()
+    _check_dynamic_settings(initial_loss_scale, multiplier)
     self._settings = algorithm.ScaleSettings(
       float(initial_loss_scale),
       int(increment_period),

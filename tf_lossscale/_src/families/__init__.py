@@ -41,7 +41,7 @@ from tf_lossscale._src.families import keras3
 from tf_lossscale._src.families.base import Family, tf24_hyperparameters, written_by_tf_keras
 
 __all__ = ["Family", "families", "for_config", "for_optimizer", "register_public_class"]
-__all__ += ["registered_name", "tf24_hyperparameters", "written_by_tf_keras"]
+__all__ += ["registration", "tf24_hyperparameters", "written_by_tf_keras"]
 
 
 def _family_modules():
@@ -53,28 +53,37 @@ def _family_modules():
   return modules
 
 
-_PUBLIC_CLASSES = {}  # Registered name -> public wrapper class.
+# Registered name -> (public wrapper class, the class its configs deserialize as).
+_PUBLIC_CLASSES = {}
 _REGISTERED = set()  # (family, name) pairs done.
 
 
-def register_public_class(public_class, name):
+def register_public_class(public_class, name, deserialized_class=None):
   """Registers a public wrapper class with every framework's serialization,
-  now for the families loaded and later for those loaded later."""
-  _PUBLIC_CLASSES[name] = public_class
+  now for the families loaded and later for those loaded later.
+
+  Args:
+    public_class: The class whose objects serialize under `name`.
+    name: The registered name (the framework prefixes it `tf_lossscale>`).
+    deserialized_class: The class `name` deserializes as; `public_class`
+      when None. (TF 2.4 deserialized its experimental class as the
+      non-experimental one.)
+  """
+  _PUBLIC_CLASSES[name] = (public_class, deserialized_class or public_class)
   for module in _family_modules():
     _register_all(module.FAMILY)
 
 
-def registered_name(public_class):
-  """The name `public_class` was registered under."""
-  (name,) = [n for n, c in _PUBLIC_CLASSES.items() if c is public_class]
-  return name
+def registration(public_class):
+  """`(name, deserialized_class)` as `public_class` was registered."""
+  (found,) = [(n, d) for n, (c, d) in _PUBLIC_CLASSES.items() if c is public_class]
+  return found
 
 
 def _register_all(family):
-  for name, public_class in _PUBLIC_CLASSES.items():
+  for name, (public_class, deserialized_class) in _PUBLIC_CLASSES.items():
     if (family, name) not in _REGISTERED:
-      family.register_serializable(public_class, name)
+      family.register_serializable(public_class, name, deserialized_class)
       _REGISTERED.add((family, name))
 
 
@@ -95,12 +104,19 @@ def for_optimizer(optimizer):
 
 
 def for_config(config):
-  """The family that wrote a serialized inner optimizer.
+  """The family that deserializes a serialized inner optimizer: the one that wrote it.
 
-  A tf_keras config imports tf_keras, to load its families.
+  A tf_keras config imports tf_keras, to load its families. A config of
+  Keras 2 (TF <= 2.12, no `module`) needs tf_keras too; without it, Keras 3
+  rebuilds the optimizer (see `Keras3Family.deserialize`).
   """
   if written_by_tf_keras(config):
-    importlib.import_module("tf_keras")
+    try:
+      importlib.import_module("tf_keras")
+    except ImportError:
+      if "module" in config:
+        raise
+      return keras3.FAMILY
   for family in families():
     if family.claims_config(config):
       return family

@@ -50,11 +50,20 @@ class Family(abc.ABC):
 
   An instance is the adapter of one wrapped optimizer, `self.inner`.
 
-  Attributes:
-    optimizer_api: The framework class the wrapper inherits (class attribute).
+  Attributes (class attributes, each must be set):
+    optimizer_api: The framework class the wrapper inherits.
+    gradient_dtype_must_match: Whether the inner optimizer needs each
+      gradient in its variable's dtype (one that casts gradients does not):
+      `apply_gradients` then refuses other dtypes before anything changes.
+    returns_step_op: Whether `apply_gradients` and `minimize` return the
+      step's op outside eager execution, as this framework's optimizers do
+      (TF1 graphs run it); else they return None, which a `tf.function` can
+      return too.
   """
 
   optimizer_api = None
+  gradient_dtype_must_match = None
+  returns_step_op = None
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
@@ -63,10 +72,15 @@ class Family(abc.ABC):
       for name in Family.__abstractmethods__
       if getattr(getattr(cls, name), "__isabstractmethod__", False)
     )
-    if missing or cls.optimizer_api is None:
+    unset = [
+      name
+      for name in ("optimizer_api", "gradient_dtype_must_match", "returns_step_op")
+      if getattr(cls, name) is None
+    ]
+    if missing or unset:
       raise TypeError(
         f"Inner-optimizer family {cls.__name__} must implement {missing or ''}"
-        f"{' and set optimizer_api' if cls.optimizer_api is None else ''}"
+        f"{' and set ' + ', '.join(unset) if unset else ''}"
       )
 
   def __init__(self, inner):
@@ -87,9 +101,10 @@ class Family(abc.ABC):
 
   @classmethod
   @abc.abstractmethod
-  def register_serializable(cls, public_class, name):
-    """Registers `public_class` under `name` with this framework's
-    serialization, so that its saved models and configs load."""
+  def register_serializable(cls, serialized_class, name, deserialized_class):
+    """Registers with this framework's serialization: objects of
+    `serialized_class` serialize under `name`, which deserializes with
+    `deserialized_class.from_config`, so that saved models and configs load."""
 
   @classmethod
   @abc.abstractmethod
@@ -114,6 +129,12 @@ class Family(abc.ABC):
   def build(self, var_list):
     """Creates the inner optimizer's slots for `var_list` (outside any
     function, once, before the first apply)."""
+
+  @abc.abstractmethod
+  def unknown_variables(self, variables):
+    """After `build`: those of `variables` the inner optimizer cannot update
+    (an optimizer that keeps state per variable only from its build), in
+    order; empty when it takes new variables as they come."""
 
   @abc.abstractmethod
   def reduce_gradients(self, grads_and_vars):
@@ -163,12 +184,24 @@ class Family(abc.ABC):
 
 
 def written_by_tf_keras(config):
-  """Whether a serialized optimizer comes from tf_keras.
+  """Whether a serialized optimizer comes from tf_keras or the Keras 2 before it.
 
   Keras 3 and tf_keras both write module `keras.optimizers`; only tf_keras
   writes `is_legacy_optimizer`, and its OptimizerV2 `keras.optimizers.legacy`.
+  Keras 2 (TF <= 2.12, and its legacy format later) wrote no `module` at all.
   """
-  module = str(config.get("module", ""))
-  return module.startswith("keras.optimizers.legacy") or "is_legacy_optimizer" in config.get(
-    "config", {}
-  )
+  if "module" not in config:
+    return True
+  return is_optimizer_v2_config(config) or "is_legacy_optimizer" in config.get("config", {})
+
+
+def is_optimizer_v2_config(config):
+  """Whether a serialized optimizer is an OptimizerV2's (TF 2.4's kind).
+
+  tf_keras writes module `keras.optimizers.legacy` for them. Keras 2 wrote no
+  module; from TF 2.11 it marked its newer optimizers `is_legacy_optimizer:
+  False`, and TF <= 2.10 had only OptimizerV2.
+  """
+  if "module" not in config:
+    return config.get("config", {}).get("is_legacy_optimizer", True) is not False
+  return str(config["module"]).startswith("keras.optimizers.legacy")

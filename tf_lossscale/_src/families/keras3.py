@@ -15,6 +15,7 @@ it applies those reduced gradients through the inner optimizer, the inner
 optimizer's reduction passes them through (`framework_internals.keras3_reduce_once`).
 """
 
+import numbers
 import re
 import threading
 
@@ -39,6 +40,22 @@ def _snake_case(name):
   """`SGD` -> `sgd`, `AdamW` -> `adam_w`: Keras 3's default optimizer names."""
   name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
   return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+def _from_keras2_config(config):
+  """A Keras 2 optimizer config with its legacy keys in Keras 3's terms."""
+  inner = dict(config.get("config", {}))
+  inner.pop("is_legacy_optimizer", None)
+  if "lr" in inner:
+    inner["learning_rate"] = inner.pop("lr")
+  decay = inner.pop("decay", 0.0)
+  if decay and isinstance(inner.get("learning_rate"), numbers.Real):
+    inner["learning_rate"] = keras.optimizers.schedules.InverseTimeDecay(
+      inner["learning_rate"], decay_steps=1, decay_rate=decay
+    )
+  elif decay:
+    inner["decay"] = decay  # Over a schedule: Keras 3 warns that it ignores it.
+  return dict(config, config=inner)
 
 
 class Keras3OptimizerApi(keras.optimizers.LossScaleOptimizer):
@@ -94,6 +111,8 @@ class Keras3Family(base.Family):
   """Adapter of a Keras 3 inner optimizer."""
 
   optimizer_api = Keras3OptimizerApi
+  gradient_dtype_must_match = False  # Keras 3 casts gradients to the variable's dtype.
+  returns_step_op = False
 
   def __init__(self, inner):
     super().__init__(inner)
@@ -110,8 +129,10 @@ class Keras3Family(base.Family):
     return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
   @classmethod
-  def register_serializable(cls, public_class, name):
-    keras.saving.register_keras_serializable("tf_lossscale", name)(public_class)
+  def register_serializable(cls, serialized_class, name, deserialized_class):
+    keras.saving.register_keras_serializable("tf_lossscale", name)(serialized_class)
+    # After the line above, which maps the name to `serialized_class` too.
+    keras.saving.get_custom_objects()[f"tf_lossscale>{name}"] = deserialized_class
 
   @classmethod
   def claims_config(cls, config):
@@ -119,6 +140,16 @@ class Keras3Family(base.Family):
 
   @classmethod
   def deserialize(cls, config, custom_objects):
+    """Rebuilds a Keras 3 optimizer; a Keras 2 config (no `module`) too.
+
+    Keras 2's OptimizerV2 wrote keys Keras 3 does not take: `lr` is
+    `learning_rate`, `is_legacy_optimizer` is dropped, and `decay` (the
+    learning rate divided by `1 + decay * iterations`) becomes the Keras 3
+    schedule that computes the same, an `InverseTimeDecay` with
+    `decay_steps=1`.
+    """
+    if "module" not in config:
+      config = _from_keras2_config(config)
     return keras.optimizers.deserialize(dict(config), custom_objects=custom_objects)
 
   @classmethod
@@ -141,6 +172,9 @@ class Keras3Family(base.Family):
       tf.distribute.get_replica_context().merge_call(build)
     else:
       build()
+
+  def unknown_variables(self, variables):
+    return [v for v in variables if not framework_internals.keras3_knows_variable(self.inner, v)]
 
   def reduce_gradients(self, grads_and_vars):
     if tf.distribute.get_replica_context() is None:

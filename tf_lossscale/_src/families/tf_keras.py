@@ -3,8 +3,11 @@
 As for OptimizerV2 (`tf_keras_legacy`), the wrapper is an optimizer of this
 kind and a tf_keras `BaseLossScaleOptimizer`, with no base constructor run.
 These optimizers apply already-reduced gradients with
-`skip_gradients_aggregation=True`.
+`skip_gradients_aggregation=True`; a subclass whose `apply_gradients` does
+not take it (or `name`) is not passed it, and sums the gradients itself.
 """
+
+import inspect
 
 import tensorflow as tf
 import tf_keras
@@ -46,6 +49,15 @@ class TfKerasFamily(base.Family):
   """Adapter of a new tf_keras inner optimizer."""
 
   optimizer_api = TfKerasOptimizerApi
+  gradient_dtype_must_match = True
+  returns_step_op = False  # As tf_keras's own wrapper of these optimizers.
+
+  def __init__(self, inner):
+    super().__init__(inner)
+    # A subclass may narrow `apply_gradients` (tf_keras's own wrapper copes).
+    parameters = inspect.signature(inner.apply_gradients).parameters.values()
+    self._apply_gradients_names = {p.name for p in parameters}
+    self._apply_gradients_takes_any = any(p.kind == p.VAR_KEYWORD for p in parameters)
 
   @classmethod
   def accepts(cls, optimizer):
@@ -70,19 +82,25 @@ class TfKerasFamily(base.Family):
     with tf.init_scope():
       self.inner.build(var_list)
 
+  def unknown_variables(self, variables):
+    return [v for v in variables if not framework_internals.tf_keras_knows_variable(self.inner, v)]
+
   def reduce_gradients(self, grads_and_vars):
     return self.inner.aggregate_gradients(grads_and_vars)
 
+  def _apply_gradients_takes(self, argument):
+    """Whether the inner optimizer's `apply_gradients` takes `argument`."""
+    return self._apply_gradients_takes_any or argument in self._apply_gradients_names
+
   def can_apply_reduced(self):
-    return True
+    return self._apply_gradients_takes("skip_gradients_aggregation")
 
   def apply(self, grads, variables, name, aggregate):
+    kwargs = {"name": name} if self._apply_gradients_takes("name") else {}
+    if not aggregate:
+      kwargs["skip_gradients_aggregation"] = True
     # Its result, the iterations variable, cannot leave a cond branch.
-    self.inner.apply_gradients(
-      list(zip(grads, variables, strict=True)),
-      name=name,
-      skip_gradients_aggregation=not aggregate,
-    )
+    self.inner.apply_gradients(list(zip(grads, variables, strict=True)), **kwargs)
 
   def count_skipped_step(self):
     self.inner.iterations.assign_add(1)

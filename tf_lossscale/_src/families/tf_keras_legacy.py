@@ -87,14 +87,18 @@ def _is_tf_keras_loss_scale_optimizer(optimizer):
   return isinstance(optimizer, framework_internals.tf_keras_base_loss_scale_optimizer())
 
 
-def _register(public_class, name):
-  tf_keras.saving.register_keras_serializable("tf_lossscale", name)(public_class)
+def _register(serialized_class, name, deserialized_class):
+  tf_keras.saving.register_keras_serializable("tf_lossscale", name)(serialized_class)
+  # After the line above, which maps the name to `serialized_class` too.
+  tf_keras.saving.get_custom_objects()[f"tf_lossscale>{name}"] = deserialized_class
 
 
 class OptimizerV2Family(base.Family):
   """Adapter of a tf_keras OptimizerV2 inner optimizer."""
 
   optimizer_api = OptimizerV2Api
+  gradient_dtype_must_match = True
+  returns_step_op = True  # TF 2.4's: TF1 graphs and Sessions run it.
 
   def __init__(self, inner):
     super().__init__(inner)
@@ -109,12 +113,12 @@ class OptimizerV2Family(base.Family):
     return _is_tf_keras_loss_scale_optimizer(optimizer)
 
   @classmethod
-  def register_serializable(cls, public_class, name):
-    _register(public_class, name)
+  def register_serializable(cls, serialized_class, name, deserialized_class):
+    _register(serialized_class, name, deserialized_class)
 
   @classmethod
   def claims_config(cls, config):
-    return str(config.get("module", "")).startswith("keras.optimizers.legacy")
+    return base.is_optimizer_v2_config(config)
 
   @classmethod
   def deserialize(cls, config, custom_objects):
@@ -128,6 +132,10 @@ class OptimizerV2Family(base.Family):
 
   def build(self, var_list):
     framework_internals.v2_create_all_weights(self.inner, var_list)
+
+  def unknown_variables(self, variables):
+    del variables  # OptimizerV2 creates the slots of a new variable when it comes.
+    return []
 
   def reduce_gradients(self, grads_and_vars):
     return framework_internals.v2_aggregate_gradients(self.inner, grads_and_vars)

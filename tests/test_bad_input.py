@@ -1,0 +1,510 @@
+"""Bad input (issue 19): a clear error before anything changes.
+
+Each row gives an API a bad argument or bad gradients and asserts the error
+type, that the message names the value passed and what is allowed, and that
+nothing changed: variables, slots, the loss scale and its counter,
+`iterations` / `global_step`, under the default strategy and MirroredStrategy,
+eagerly, in a tf.function (where the error comes at trace time) and in TF1
+graphs. Then the inputs that look odd but must keep working.
+
+TF 2.4 accepted every bad constructor argument below (and TF's and tf_keras's
+classes still do: `test_tf_classes_accept_what_we_reject`); those errors are
+deliberate differences.
+"""
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+from tensorflow.python.training.experimental import loss_scale as tf_loss_scale
+from test_keras_lso import FAMILIES, count, make_inner, shared_strategy
+
+import helpers
+import tf_lossscale
+from tf_lossscale import loss_scale
+from tf_lossscale.keras import mixed_precision
+
+NAN = float("nan")
+INF = float("inf")
+LSO = mixed_precision.LossScaleOptimizer
+ExperimentalLSO = mixed_precision.experimental.LossScaleOptimizer
+MPLSO = tf_lossscale.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STRATEGIES = ["default", "mirrored"]
+
+
+def _positive(name, value):
+  return f"{name} must be a finite number > 0, got {value!r}"
+
+
+def _exactly(message):
+  return f"^{re.escape(message)}$"
+
+
+# --- Constructors -------------------------------------------------------------
+
+KERAS_ROWS = {
+  "dynamic_initial_scale_nan": (dict(initial_scale=NAN), _positive("initial_scale", NAN)),
+  "dynamic_initial_scale_inf": (dict(initial_scale=INF), _positive("initial_scale", INF)),
+  "dynamic_initial_scale_zero": (dict(initial_scale=0), _positive("initial_scale", 0)),
+  "dynamic_initial_scale_negative": (dict(initial_scale=-8.0), _positive("initial_scale", -8.0)),
+  "fixed_scale_zero": (dict(dynamic=False, initial_scale=0), _positive("initial_scale", 0)),
+  "fixed_scale_nan": (dict(dynamic=False, initial_scale=NAN), _positive("initial_scale", NAN)),
+  "fixed_scale_inf": (dict(dynamic=False, initial_scale=INF), _positive("initial_scale", INF)),
+  "fixed_scale_negative": (dict(dynamic=False, initial_scale=-1), _positive("initial_scale", -1)),
+}
+EXPERIMENTAL_ROWS = {f"loss_scale_{v!r}": v for v in (0, NAN, INF, -2.0)}
+
+
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("row", KERAS_ROWS)
+def test_keras_constructor_rejects(row, family, strategy_name):
+  kwargs, message = KERAS_ROWS[row]
+  with shared_strategy(strategy_name).scope():
+    inner = make_inner(family)
+    with pytest.raises(ValueError, match=_exactly(message)):
+      LSO(inner, **kwargs)
+    LSO(inner)  # The refused wrapper left no mark on the inner optimizer.
+
+
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("row", EXPERIMENTAL_ROWS)
+def test_experimental_constructor_rejects(row, family, strategy_name):
+  value = EXPERIMENTAL_ROWS[row]
+  with shared_strategy(strategy_name).scope():
+    inner = make_inner(family)
+    with pytest.raises(ValueError, match=_exactly(_positive("loss_scale", value))):
+      ExperimentalLSO(inner, value)
+    ExperimentalLSO(inner, "dynamic")
+
+
+def _multiplier_message(value):
+  return f"multiplier must be a finite number > 1, got {value!r}"
+
+
+# (constructor of a legacy module's class, its error message)
+LEGACY_ROWS = {
+  **{
+    f"dynamic_initial_{v!r}": (
+      lambda m, v=v: m.DynamicLossScale(initial_loss_scale=v),
+      _positive("initial_loss_scale", v),
+    )
+    for v in (NAN, INF, 0, -1.0)
+  },
+  **{
+    f"dynamic_multiplier_{v!r}": (
+      lambda m, v=v: m.DynamicLossScale(multiplier=v),
+      _multiplier_message(v),
+    )
+    for v in (1, 0.5, 0, -2.0, NAN, INF)
+  },
+  # The `< 1` check of TF 2.4 let NaN through; its message is kept.
+  "fixed_nan": (lambda m: m.FixedLossScale(NAN), "loss_scale_value must be at least 1. Got: nan"),
+  "fixed_inf": (lambda m: m.FixedLossScale(INF), "loss_scale_value must be finite. Got: inf"),
+}
+# compat.v1 takes anything `loss_scale.get` takes: a number is a FixedLossScale.
+COMPAT_V1_ROWS = {
+  "nan": (NAN, "loss_scale_value must be at least 1. Got: nan"),
+  "inf": (INF, "loss_scale_value must be finite. Got: inf"),
+  "below_one_as_tf": (0.5, "loss_scale_value must be at least 1. Got: 0.5"),
+}
+
+
+def _in_mode(mode, strategy_name):
+  """A context running in a fresh TF1 graph ("graph") or eagerly, in the strategy's scope."""
+  stack = contextlib.ExitStack()
+  if mode == "graph":
+    stack.enter_context(tf.Graph().as_default())
+    strategy = helpers.make_strategy(strategy_name)
+  else:
+    strategy = shared_strategy(strategy_name)
+  stack.enter_context(strategy.scope())
+  return stack
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
+@pytest.mark.parametrize("row", LEGACY_ROWS)
+def test_legacy_loss_scale_constructor_rejects(row, strategy_name, mode):
+  build, message = LEGACY_ROWS[row]
+  with _in_mode(mode, strategy_name):
+    with pytest.raises(ValueError, match=_exactly(message)):
+      build(loss_scale)
+    if mode == "graph":
+      assert tf.compat.v1.global_variables() == []  # No scale variable half-made.
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
+@pytest.mark.parametrize("row", COMPAT_V1_ROWS)
+def test_compat_v1_constructor_rejects(row, strategy_name, mode):
+  value, message = COMPAT_V1_ROWS[row]
+  with _in_mode(mode, strategy_name):
+    with pytest.raises(ValueError, match=_exactly(message)):
+      MPLSO(tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), value)
+    if mode == "graph":
+      assert tf.compat.v1.global_variables() == []
+
+
+@pytest.mark.parametrize("row", [*LEGACY_ROWS, *(f"keras_{r}" for r in KERAS_ROWS)])
+def test_tf_classes_accept_what_we_reject(row):
+  """TF's legacy classes and tf_keras's LossScaleOptimizer: no error (TF 2.4 neither)."""
+  if row.startswith("keras_"):
+    kwargs, _ = KERAS_ROWS[row.removeprefix("keras_")]
+    tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.legacy.SGD(), **kwargs)
+  else:
+    LEGACY_ROWS[row][0](tf_loss_scale)
+
+
+# --- Constructor inputs that must keep working --------------------------------
+
+COEFFS = np.array([1.0, -2.0], np.float32)
+
+
+def _minimize_once(opt, strategy, var, grad_scale=1.0):
+  """One step on sum(var * COEFFS * grad_scale); returns replica 0's variable."""
+  strategy.run(
+    lambda: opt.minimize(lambda: tf.reduce_sum(var * COEFFS * grad_scale), var_list=[var])
+  )
+  return strategy.experimental_local_results(var)[0].numpy()
+
+
+KERAS_VALID = {
+  "dynamic_half": (dict(initial_scale=0.5), 0.5),
+  "dynamic_int": (dict(initial_scale=8), 8.0),
+  "dynamic_numpy": (dict(initial_scale=np.float32(4.0)), 4.0),
+  "fixed_half": (dict(dynamic=False, initial_scale=0.5), 0.5),
+  "fixed_one": (dict(dynamic=False, initial_scale=1), 1.0),
+  "fixed_int": (dict(dynamic=False, initial_scale=3), 3.0),
+}
+
+
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("case", KERAS_VALID)
+def test_keras_odd_but_valid_scales_train(case, family, strategy_name):
+  kwargs, scale = KERAS_VALID[case]
+  strategy = shared_strategy(strategy_name)
+  with strategy.scope():
+    opt = LSO(make_inner(family, learning_rate=1.0), **kwargs)
+    var = tf.Variable([1.0, 2.0])
+  assert opt.initial_scale == scale and isinstance(opt.initial_scale, float)
+  applied = _minimize_once(opt, strategy, var)
+  np.testing.assert_allclose(applied, [1.0, 2.0] - strategy.num_replicas_in_sync * COEFFS)
+  assert float(opt.loss_scale) == scale
+  if opt.dynamic:
+    _minimize_once(opt, strategy, var, grad_scale=NAN)
+    assert float(opt.loss_scale) == max(scale / 2, 1.0)  # TF 2.4's floor of 1
+
+
+@pytest.mark.parametrize("value", [0.5, 1, 3])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_experimental_odd_but_valid_scales_train(family, value):
+  opt = ExperimentalLSO(make_inner(family, learning_rate=1.0), value)
+  assert (opt.dynamic, opt.initial_scale) == (False, float(value))
+  var = tf.Variable([1.0, 2.0])
+  np.testing.assert_allclose(
+    _minimize_once(opt, tf.distribute.get_strategy(), var), [1.0, 2.0] - COEFFS
+  )
+
+
+LEGACY_VALID = {
+  "dynamic_half": dict(initial_loss_scale=0.5, increment_period=2),
+  "dynamic_int": dict(initial_loss_scale=3, increment_period=1, multiplier=3),
+  "dynamic_multiplier_1_5": dict(initial_loss_scale=4.0, increment_period=1, multiplier=1.5),
+}
+
+
+@pytest.mark.parametrize("case", LEGACY_VALID)
+def test_legacy_odd_but_valid_dynamic_scales_follow_tf(case):
+  runs = []
+  for module in (loss_scale, tf_loss_scale):
+    ls = module.DynamicLossScale(**LEGACY_VALID[case])
+    history = []
+    for grad in [1.0, 1.0, NAN, 1.0, INF, INF]:
+      _, applied = ls.update([tf.constant(grad)])
+      history.append((bool(applied), float(ls()), count(ls._num_good_steps)))
+    runs.append(history)
+  assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("value", [1, 3, 2.5])
+def test_legacy_fixed_scales_at_least_one_work(value):
+  ls = loss_scale.FixedLossScale(value)
+  assert float(ls()) == float(value) and repr(ls) == f"FixedLossScale({float(value)})"
+  assert ls.update([tf.constant(NAN)])[1] is True
+
+
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
+@pytest.mark.parametrize(
+  "make_scale",
+  [lambda: 1, lambda: loss_scale.DynamicLossScale(0.5)],
+  ids=["fixed_1", "dynamic_half"],
+)
+def test_compat_v1_odd_but_valid_scales_train(make_scale, strategy_name):
+  strategy = shared_strategy(strategy_name)
+  with strategy.scope():
+    opt = MPLSO(tf.compat.v1.train.GradientDescentOptimizer(1.0), make_scale())
+    var = tf.Variable([1.0, 2.0])
+  applied = _minimize_once(opt, strategy, var)
+  np.testing.assert_allclose(applied, [1.0, 2.0] - strategy.num_replicas_in_sync * COEFFS)
+
+
+# --- Bad gradients ------------------------------------------------------------
+
+GRADIENT_FAMILIES = [*FAMILIES, "compat_v1"]
+# Keras 3 and the new tf_keras optimizers do not run in TF1 graphs.
+MODES = {
+  "keras3": ["eager", "function"],
+  "tf_keras": ["eager", "function", "graph"],
+  "tf_keras_new": ["eager", "function"],
+  "compat_v1": ["eager", "function", "graph"],
+}
+
+
+class Trainer:
+  """Variables a, b, c (float32, shape [2]) and an optimizer with momentum slots.
+
+  The optimizer has taken one step on a and b (its slots exist; c is new to
+  it). `apply` runs `apply_gradients` on every replica eagerly, in a
+  tf.function or through a TF1 Session; `state` reads everything a step may
+  change.
+  """
+
+  def __init__(self, family, strategy_name, mode):
+    self.family, self.mode = family, mode
+    self.graph = tf.Graph() if mode == "graph" else None
+    with self._context():
+      self.strategy = (
+        helpers.make_strategy(strategy_name) if self.graph else shared_strategy(strategy_name)
+      )
+      with self.strategy.scope():
+        self.vars = {n: tf.Variable(np.ones(2, np.float32), name=n) for n in "abc"}
+        if family == "compat_v1":
+          self.step = tf.Variable(
+            0,
+            dtype=tf.int64,
+            trainable=False,
+            name="global_step",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+          )
+          self.opt = MPLSO(
+            tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
+            loss_scale.DynamicLossScale(8.0, increment_period=100),
+          )
+        else:
+          self.opt = LSO(
+            make_inner(family, learning_rate=0.1, momentum=0.9),
+            initial_scale=8.0,
+            dynamic_growth_steps=100,
+          )
+      if self.graph:
+        self.sess = tf.compat.v1.Session(graph=self.graph)
+        self.sess.run(tf.compat.v1.global_variables_initializer())
+    self.apply(lambda v: [(tf.ones([2]), v["a"]), (tf.ones([2]), v["b"])])
+
+  def _context(self):
+    return self.graph.as_default() if self.graph else contextlib.nullcontext()
+
+  def apply(self, grads_and_vars):
+    """`apply_gradients(grads_and_vars(self.vars))` on every replica."""
+
+    def replica_fn():
+      pairs = grads_and_vars(self.vars)
+      if self.family == "compat_v1":
+        return self.opt.apply_gradients(pairs, global_step=self.step)
+      return self.opt.apply_gradients(pairs)
+
+    if self.mode == "eager":
+      self.strategy.run(replica_fn)
+    elif self.mode == "function":
+      tf.function(lambda: [self.strategy.run(replica_fn)][:0])()
+    else:
+      with self._context(), self.strategy.scope():
+        known = set(map(id, tf.compat.v1.global_variables()))
+        op = tf.group(self.strategy.experimental_local_results(self.strategy.run(replica_fn)))
+        new = [v for v in tf.compat.v1.global_variables() if id(v) not in known]
+        self.sess.run(tf.compat.v1.variables_initializer(new))
+      self.sess.run(op)
+
+  def _tracked(self):
+    opt = self.opt
+    if self.family == "compat_v1":
+      scale = opt._loss_scale
+      return [*opt.variables(), scale(), scale._num_good_steps, self.step]
+    inner = opt.inner_optimizer
+    slots = inner.variables() if self.family == "tf_keras" else list(inner.variables)
+    return [*slots, opt.loss_scale, opt.dynamic_counter, opt.iterations]
+
+  def state(self):
+    """Every replica's value of the variables, the optimizer's variables
+    (slots, iterations), scale, counter and step; and the number of
+    optimizer variables."""
+    with self._context():
+      tracked = [*self.vars.values(), *self._tracked()]
+      values = [x.value if isinstance(x, keras.Variable) else x for x in tracked]
+      components = [c for x in values for c in self.strategy.experimental_local_results(x)]
+      if self.graph:
+        read = self.sess.run([tf.convert_to_tensor(c) for c in components])
+      else:
+        read = [tf.convert_to_tensor(c).numpy() for c in components]
+      return [np.asarray(r).tolist() for r in read], len(self._tracked())
+
+
+def _names(*keys):
+  return lambda v: [re.escape(v[k].name) for k in keys]
+
+
+SHAPES_NAMED = [re.escape("(3,)"), re.escape("(2,)")]
+PAIRS_NAMED = [re.escape("(gradient, variable) pairs"), "Tensor"]
+# row: (families, gradients, error type, regexes the message must match)
+GRADIENT_ROWS = {
+  "shape_mismatch_second_pair": (
+    GRADIENT_FAMILIES,
+    lambda v: [(tf.ones([2]), v["a"]), (tf.ones([3]), v["b"])],
+    ValueError,
+    lambda v: [*_names("b")(v), *SHAPES_NAMED],
+  ),
+  "sparse_values_shape_mismatch": (
+    GRADIENT_FAMILIES,
+    lambda v: [
+      (tf.ones([2]), v["a"]),
+      (tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]), tf.constant([2])), v["b"]),
+    ],
+    ValueError,
+    lambda v: [*_names("b")(v), "IndexedSlices", re.escape("(1, 2)"), re.escape("(2,)")],
+  ),
+  "unknown_variable": (
+    ["keras3", "tf_keras_new"],  # OptimizerV2 and compat.v1 make slots for it
+    lambda v: [(tf.ones([2]), v["c"])],
+    ValueError,
+    lambda v: [*_names("c")(v), "buil[dt]"],
+  ),
+  "bare_gradients": (
+    GRADIENT_FAMILIES,
+    lambda v: [tf.ones([2]), tf.ones([2])],
+    TypeError,
+    lambda v: PAIRS_NAMED,
+  ),
+  "bare_scalar_gradient": (
+    GRADIENT_FAMILIES,
+    lambda v: [tf.ones([])],
+    TypeError,
+    lambda v: PAIRS_NAMED,
+  ),
+  "float64_gradient_second_pair": (
+    ["tf_keras", "tf_keras_new"],  # compat_v1: see test_compat_v1_float64_gradient_*
+    lambda v: [(tf.ones([2]), v["a"]), (tf.ones([2], tf.float64), v["b"])],
+    TypeError,
+    lambda v: [*_names("b")(v), "float64", "float32"],
+  ),
+  "empty": (
+    FAMILIES,
+    lambda v: [],
+    ValueError,
+    lambda v: ["No gradients provided for any variable"],
+  ),
+  "empty_compat_v1": (["compat_v1"], lambda v: [], ValueError, lambda v: ["No variables provided"]),
+  "all_none": (
+    GRADIENT_FAMILIES,
+    lambda v: [(None, v["a"]), (None, v["b"])],
+    ValueError,
+    lambda v: ["No gradients provided for any variable", *_names("a", "b")(v)],
+  ),
+}
+
+
+def check_bad_gradients(row, family, strategy_name, mode):
+  """Asserts that row `row` raises its error and leaves every state as it was."""
+  _, grads_and_vars, error, patterns = GRADIENT_ROWS[row]
+  trainer = Trainer(family, strategy_name, mode)
+  before = trainer.state()
+  with pytest.raises(error) as raised:
+    trainer.apply(grads_and_vars)
+  message = str(raised.value)
+  for pattern in patterns(trainer.vars):
+    assert re.search(pattern, message), f"{pattern!r} not in the message: {message}"
+  assert trainer.state() == before
+
+
+def _gradient_cases():
+  for row, (families, *_) in GRADIENT_ROWS.items():
+    for family in families:
+      for mode in MODES[family]:
+        for strategy_name in STRATEGIES:
+          yield pytest.param(
+            row, family, strategy_name, mode, id=f"{row}-{family}-{strategy_name}-{mode}"
+          )
+
+
+@pytest.mark.parametrize("row, family, strategy_name, mode", _gradient_cases())
+def test_bad_gradients_raise_before_anything_changes(row, family, strategy_name, mode):
+  check_bad_gradients(row, family, strategy_name, mode)
+
+
+# A float64 gradient for a float32 variable makes TF's (Resource)ApplyMomentum
+# kernel abort the process (a failed CHECK), with TF's own class too, in every
+# mode: the check must come before the inner optimizer sees the gradient.
+# Run apart, so that an abort fails this test only.
+_FLOAT64_SCRIPT = """
+import sys
+import tensorflow as tf
+tf.config.set_logical_device_configuration(
+  tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+sys.path[:0] = [{root!r}, {tests!r}]
+import test_bad_input as t
+t.GRADIENT_ROWS["float64"] = (
+  ["compat_v1"],
+  lambda v: [(tf.ones([2]), v["a"]), (tf.ones([2], tf.float64), v["b"])],
+  TypeError,
+  lambda v: [*t._names("b")(v), "float64", "float32"],
+)
+for mode in t.MODES["compat_v1"]:
+  for strategy_name in t.STRATEGIES:
+    t.check_bad_gradients("float64", "compat_v1", strategy_name, mode)
+    print("checked", mode, strategy_name, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_compat_v1_float64_gradient_raises_before_anything_changes():
+  script = _FLOAT64_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"))
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+  result = subprocess.run(
+    [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
+  )
+  assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}{result.stderr[-3000:]}"
+  checked = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("checked")]
+  assert checked == [[m, s] for m in MODES["compat_v1"] for s in STRATEGIES]
+
+
+# --- Gradients that must keep working -------------------------------------------
+
+
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
+@pytest.mark.parametrize("family", ["tf_keras", "compat_v1"])
+def test_new_variable_gets_slots_and_is_applied_as_by_tf(family, strategy_name):
+  """OptimizerV2 and compat.v1 optimizers take variables they have not seen."""
+  trainer = Trainer(family, strategy_name, "eager")
+  trainer.apply(lambda v: [(tf.fill([2], 2.0), v["c"])])
+  c = trainer.strategy.experimental_local_results(trainer.vars["c"])[0].numpy()
+  np.testing.assert_allclose(c, 1.0 - 0.1 * 2.0 * trainer.strategy.num_replicas_in_sync)
+
+
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
+def test_keras3_float64_gradient_is_cast_as_keras3_does(strategy_name):
+  runs = []
+  for dtype in (tf.float32, tf.float64):
+    trainer = Trainer("keras3", strategy_name, "eager")
+    trainer.apply(lambda v, dtype=dtype: [(tf.ones([2], dtype), v["a"])])
+    runs.append(trainer.state())
+  assert runs[0] == runs[1]

@@ -1,0 +1,120 @@
+"""Checks of user input that every API shares: a clear error before anything changes.
+
+A bad constructor argument is refused before any variable exists, and bad
+gradients before the loss scale, a variable or a slot is touched: an error
+leaves everything as it was. Each API calls these from one small function of
+its own, which also holds the rules only that API has (TF 2.4's wording where
+TF had an error).
+"""
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+
+def check_finite_above(name, value, bound):
+  """Raises `ValueError` unless `value` is a finite number greater than `bound`.
+
+  Args:
+    name: The argument's name, for the message.
+    value: What was passed: a Python or NumPy number (anything `float` takes).
+    bound: The exclusive lower bound.
+
+  Raises:
+    ValueError: If `value` is not a number, is NaN or infinite, or is not
+      greater than `bound`.
+
+  >>> check_finite_above("multiplier", 1.5, 1)
+  >>> check_finite_above("multiplier", 1, 1)
+  Traceback (most recent call last):
+  ...
+  ValueError: multiplier must be a finite number > 1, got 1
+  """
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    number = math.nan
+  if not (math.isfinite(number) and number > bound):
+    raise ValueError(f"{name} must be a finite number > {bound}, got {value!r}")
+
+
+def gradient_pairs(grads_and_vars):
+  """The `(gradient, variable)` pairs of `apply_gradients`, as a list.
+
+  Args:
+    grads_and_vars: An iterable of pairs.
+
+  Returns:
+    A list of `(gradient, variable)` tuples.
+
+  Raises:
+    TypeError: For an item that is not a pair whose second element is a
+      variable (bare gradients, for instance).
+
+  >>> gradient_pairs([tf.constant(1.)])
+  Traceback (most recent call last):
+  ...
+  TypeError: apply_gradients expects (gradient, variable) pairs, got a EagerTensor: <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
+  """
+  pairs = []
+  for item in grads_and_vars:
+    if not (isinstance(item, (tuple, list)) and len(item) == 2 and hasattr(item[1], "assign")):
+      raise TypeError(
+        f"apply_gradients expects (gradient, variable) pairs, got a {type(item).__name__}: {item!r}"
+      )
+    pairs.append(tuple(item))
+  return pairs
+
+
+def _static_shape_and_dtype(grad):
+  """A gradient's static shape and dtype (its values' for `tf.IndexedSlices`);
+  None for a Python number, which takes its variable's dtype when converted."""
+  values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+  if tf.is_tensor(values) or isinstance(values, (np.ndarray, np.generic)):
+    return tf.TensorShape(values.shape), tf.as_dtype(values.dtype)
+  return None
+
+
+def check_gradients_fit(pairs, dtype_must_match):
+  """Raises unless every gradient can be applied to its variable.
+
+  Static shapes must be compatible (for `tf.IndexedSlices`, every dimension
+  but the first); unknown dimensions pass. `None` gradients are skipped.
+
+  Args:
+    pairs: `(gradient, variable)` tuples, as `gradient_pairs` returns them.
+    dtype_must_match: Whether a gradient must have its variable's dtype (for
+      optimizers that do not cast gradients).
+
+  Raises:
+    ValueError: For a gradient whose shape does not fit its variable's.
+    TypeError: With `dtype_must_match`, for a gradient of another dtype.
+
+  >>> var = tf.Variable([1., 2.], name='w')
+  >>> check_gradients_fit([(tf.ones([3]), var)], dtype_must_match=True)
+  Traceback (most recent call last):
+  ...
+  ValueError: apply_gradients got a gradient of shape (3,) for variable 'w:0' of shape (2,); a gradient must have its variable's shape
+  """
+  for grad, var in pairs:
+    found = None if grad is None else _static_shape_and_dtype(grad)
+    if found is None:
+      continue
+    shape, dtype = found
+    var_shape, var_dtype = tf.TensorShape(var.shape), tf.as_dtype(var.dtype)
+    sparse = isinstance(grad, tf.IndexedSlices)
+    if not (
+      shape[1:].is_compatible_with(var_shape[1:]) if sparse else shape.is_compatible_with(var_shape)
+    ):
+      what = "tf.IndexedSlices with values of shape" if sparse else "gradient of shape"
+      raise ValueError(
+        f"apply_gradients got a {what} {shape} for variable {var.name!r} of shape {var_shape}; "
+        "a gradient must have its variable's shape"
+        + (" (but for the first dimension, the rows it updates)" if sparse else "")
+      )
+    if dtype_must_match and dtype.base_dtype != var_dtype.base_dtype:
+      raise TypeError(
+        f"apply_gradients got a {dtype.name} gradient for variable {var.name!r} of dtype "
+        f"{var_dtype.name}; this optimizer needs gradients of the variable's dtype"
+      )
