@@ -163,8 +163,11 @@ def _count_repeats(devices):
 
 # Keras 3.3 (3.3.3 checked) parses a policy's name only in `FloatDTypePolicy`:
 # its `DTypePolicy` gives every subclass `floatx()` dtypes. Newer releases
-# parse in `DTypePolicy` and keep `FloatDTypePolicy` as a subclass of it.
-_NAME_PARSING_POLICY = getattr(keras.dtype_policies, "FloatDTypePolicy", KerasPolicy)
+# parse in `DTypePolicy` and keep `FloatDTypePolicy` as a subclass of it;
+# Keras < 3.3 has neither `keras.dtype_policies` nor `FloatDTypePolicy`.
+_NAME_PARSING_POLICY = getattr(
+  getattr(keras, "dtype_policies", None), "FloatDTypePolicy", KerasPolicy
+)
 
 
 class Policy(_NAME_PARSING_POLICY):
