@@ -43,6 +43,21 @@ def schedules(family):
   return framework(family).optimizers.schedules
 
 
+def built(optimizer, variables):
+  """`optimizer` with its variables created, for plain references under a strategy.
+
+  A plain Keras 3 optimizer cannot create its variables during the first call
+  of a replicated tf.function over tf.Variables (the lifted initializer's
+  placeholder is never fed); the wrapper builds its inner optimizer in
+  cross-replica context and has no such problem.
+  """
+  if hasattr(optimizer, "build") and not isinstance(
+    optimizer, tf_keras.optimizers.legacy.Optimizer
+  ):
+    optimizer.build(variables)
+  return optimizer
+
+
 def replica_values(strategy, value):
   """Every replica's copy of a variable (or a plain tensor), as numpy arrays."""
   if isinstance(value, keras.Variable):
