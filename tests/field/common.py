@@ -58,6 +58,20 @@ def built(optimizer, variables):
   return optimizer
 
 
+class NoScaling:
+  """Stands in for a LossScaleOptimizer's scaling methods in plain-optimizer references."""
+
+  loss_scale = 1.0
+
+  @staticmethod
+  def get_scaled_loss(loss):
+    return loss
+
+  @staticmethod
+  def get_unscaled_gradients(grads):
+    return grads
+
+
 def replica_values(strategy, value):
   """Every replica's copy of a variable (or a plain tensor), as numpy arrays."""
   if isinstance(value, keras.Variable):

@@ -50,20 +50,6 @@ def _models(family, output_weight=1.0):
   return critic, generator
 
 
-class _NoScaling:
-  """What the plain-optimizer reference uses in place of the loss-scale methods."""
-
-  loss_scale = tf.constant(1.0)
-
-  @staticmethod
-  def get_scaled_loss(loss):
-    return loss
-
-  @staticmethod
-  def get_unscaled_gradients(grads):
-    return grads
-
-
 def input_gradient(critic, scaler, x):
   """The critic's gradient with respect to its input, from a scaled output, unscaled."""
   with tf.GradientTape() as inner_tape:
@@ -91,7 +77,7 @@ def _train_gan(family, strategy, loss_scaled, bad_generator_steps):
     d_opt, g_opt = (common.make_inner(family, learning_rate=0.05) for _ in range(2))
     if loss_scaled:
       d_opt, g_opt = LSO(d_opt, initial_scale=2.0**12), LSO(g_opt, initial_scale=2.0**12)
-  d_scaling, g_scaling = (d_opt, g_opt) if loss_scaled else (_NoScaling, _NoScaling)
+  d_scaling, g_scaling = (d_opt, g_opt) if loss_scaled else (common.NoScaling, common.NoScaling)
   last = strategy.num_replicas_in_sync - 1
 
   @tf.function
@@ -150,14 +136,14 @@ def test_gradient_penalty_under_mixed_float16(family, mixed_float16, inner_scale
   """
   critic, _ = _models(family, output_weight=1e-8)
   opt = LSO(common.make_inner(family, learning_rate=0.01))
-  inner_scaler = opt if inner_scaled else _NoScaling
+  inner_scaler = opt if inner_scaled else common.NoScaling
 
   hidden = np.tanh(0.5 * REAL.numpy().sum(axis=1, keepdims=True))
   exact = np.broadcast_to(3 * 1e-8 * 0.5 * (1 - hidden**2), (4, 2))
   if inner_scaled:
     np.testing.assert_allclose(input_gradient(critic, opt, REAL).numpy(), exact, rtol=1e-2)
   else:
-    np.testing.assert_array_equal(input_gradient(critic, _NoScaling, REAL).numpy(), 0.0)
+    np.testing.assert_array_equal(input_gradient(critic, common.NoScaling, REAL).numpy(), 0.0)
 
   @tf.function
   def step():
@@ -185,7 +171,7 @@ def test_two_losses_scaled_separately_give_one_decision(family, strategy, bad):
       var = tf.Variable([1.0, -1.0])
       opt = common.make_inner(family, learning_rate=0.25, momentum=0.5)
       opt = LSO(opt, initial_scale=2.0**10) if loss_scaled else common.built(opt, [var])
-    scaling = opt if loss_scaled else _NoScaling
+    scaling = opt if loss_scaled else common.NoScaling
     last = strategy.num_replicas_in_sync - 1
 
     @tf.function
