@@ -103,6 +103,27 @@ def test_rebuilt_dynamic_subclass_keeps_its_class_and_scale_settings(family, mak
   assert rebuilt.comparable_config() == opt.comparable_config()
 
 
+_EXPERIMENTAL_KEYWORD = (
+  "LossScaleOptimizer.__new__ (tf_lossscale/_src/keras_optimizer.py) dispatches on its "
+  "`inner_optimizer` argument only; the experimental class names it `optimizer`, so "
+  "`experimental.LossScaleOptimizer(optimizer=..., loss_scale=...)` dispatches on None: TypeError"
+)
+
+
+@pytest.mark.parametrize(
+  "experimental",
+  [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=_EXPERIMENTAL_KEYWORD))],
+  ids=["LossScaleOptimizer", "experimental"],
+)
+def test_construction_with_keyword_arguments_as_rebuilds_do(family, experimental):
+  inner = common.make_inner(family)
+  if experimental:
+    opt = mixed_precision.experimental.LossScaleOptimizer(optimizer=inner, loss_scale=8)
+  else:
+    opt = LSO(inner_optimizer=inner, dynamic=False, initial_scale=8)
+  assert opt.inner_optimizer is inner and float(opt.loss_scale) == 8.0
+
+
 _COMPUTE_GRADIENTS_BYPASSED = (
   _REBUILD_SWALLOWED + "; and LossScaleOptimizer.minimize computes the gradients itself "
   "instead of through `self._compute_gradients` (TF 2.4's OptimizerV2.minimize path), and "
