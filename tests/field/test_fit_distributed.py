@@ -2,10 +2,12 @@
 
 Reproduces keras-team/keras#20609 (loss scaling with MirroredStrategy and
 `keras.regularizers`: the regularization losses were scaled wrongly per
-replica), keras-team/keras#19246 (`fit` with a loss-scale optimizer in its
-other execution modes: `steps_per_execution > 1`, `run_eagerly=True`) and
-keras-team/keras#21366 (`jit_compile=True` with MirroredStrategy and a
-loss-scale optimizer crashed in `merge_call`).
+replica), keras-team/keras#18666 (Keras 3's loss-scale optimizer failing in
+`merge_call` under MirroredStrategy in `fit`) and keras-team/keras#21366
+(`jit_compile=True` with MirroredStrategy and a loss-scale optimizer crashed in
+`merge_call`). The issue also lists keras-team/keras#19246, whose report could
+not be read here; the execution modes it stands for (`steps_per_execution > 1`,
+`run_eagerly=True`) are covered generically.
 
 Each run records the weights after every training step and must match a
 plain optimizer on a single replica step by step.
