@@ -2,8 +2,9 @@
 
 Reproduces keras-team/keras#14829 (gradient accumulation could not be combined
 with mixed precision: an accumulating optimizer inside the loss-scale
-optimizer) and the window semantics of keras-team/keras PR #19998 (Keras 3's
-`gradient_accumulation_steps`, every N-th `apply` updates the variables with
+optimizer). The issue also lists keras-team/keras PR #19998, which could not be
+read here; the window semantics tested are those of the installed Keras 3's
+`gradient_accumulation_steps` (every N-th `apply` updates the variables with
 the mean of the window's gradients).
 
 Order matters. With the loss-scale optimizer outside the accumulation (Keras
