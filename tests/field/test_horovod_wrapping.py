@@ -1,10 +1,12 @@
 """Horovod-style wrapping: dynamic subclasses rebuilt from config, all-reduce hooks.
 
-Reproduces horovod/horovod#2989 and #2957 (`hvd.DistributedOptimizer` around a
-Keras `LossScaleOptimizer`), horovod/horovod#1738 (mixed precision with
-Horovod's optimizer), tensorflow/tensorflow#37765 (the loss-scale optimizer did
-not forward the aggregation hook Horovod overrides, so Keras `fit` failed) and
-NVIDIA/DeepLearningExamples#256 (which optimizer wraps which).
+Reproduces horovod/horovod#2989 (`hvd.DistributedOptimizer` around a Keras
+`LossScaleOptimizer` failed), tensorflow/tensorflow#37765 (the loss-scale
+optimizer did not forward the aggregation hook Horovod overrides, so Keras
+`compile`/`fit` with Horovod broke) and NVIDIA/DeepLearningExamples#256 (which
+optimizer may wrap which, with gradient accumulation). The issue also lists
+horovod/horovod#1738 and #2957, which could not be read here; the mechanism
+below is the one all of these go through.
 
 Horovod itself cannot be installed here (it compiles against TensorFlow and
 MPI), so its mechanism is reproduced instead: `hvd.DistributedOptimizer(opt)`

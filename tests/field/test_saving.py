@@ -1,10 +1,11 @@
 """Saving and resuming: ModelCheckpoint, SavedModel, tf.train.Checkpoint with slots.
 
 Reproduces keras-team/keras#17275 and #18112 (`ModelCheckpoint` failing with
-mixed precision), keras-team/keras#15709 and keras-team/tf-keras#349 / #203
-(checkpointing the optimizer state of a loss-scaled model: "A slot variable
-was re-used as a dependency"), and tensorflow/tensorflow#48862 (one optimizer
-wrapped by two loss-scale optimizers breaks checkpointing).
+mixed precision), keras-team/keras#15709 (checkpointing the optimizer state of
+a loss-scaled model: "A slot variable was re-used as a dependency") and
+tensorflow/tensorflow#48862 (one optimizer wrapped by two loss-scale
+optimizers breaks checkpointing). The issue also lists keras-team/tf-keras#349
+and #203, which could not be read here; tf_keras's formats are covered below.
 
 Every test saves mid-training, keeps training, then loads into a fresh model
 and trains the same steps: the continuation must be identical. The file formats
