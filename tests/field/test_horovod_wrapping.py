@@ -177,7 +177,9 @@ class AllReducingLSO(LSO):
     )
 
 
-def test_all_reduce_wrapper_around_ours_averages_once_and_skips_together(family, strategy):
+def test_all_reduce_wrapper_around_ours_averages_once_and_skips_together(
+  family, strategy, restore_serialization_registries
+):
   with strategy.scope():
     var = tf.Variable([1.0, 1.0])
     opt = AllReducingLSO(
