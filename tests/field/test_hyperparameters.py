@@ -6,6 +6,7 @@ Reproduces keras-team/keras#16218: with a `LearningRateSchedule` and a
 learning-rate callbacks of `fit` need `lr` / `learning_rate` through the wrapper.
 """
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -89,8 +90,6 @@ def test_a_schedule_sees_every_step_skipped_ones_included(family, strategy):
 
 def test_keras3_own_lso_schedule_does_not_count_skipped_steps():
   """Documented difference: Keras 3's wrapper does not count a skipped step."""
-  import keras  # pylint: disable=g-import-not-at-top
-
   schedule = keras.optimizers.schedules.ExponentialDecay(1.0, decay_steps=1, decay_rate=0.5)
   opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(schedule), initial_scale=8)
   var = keras.Variable([1.0, 1.0])

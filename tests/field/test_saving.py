@@ -141,6 +141,7 @@ def test_tf_keras_keras_file_restores_the_new_optimizers_state(tmp_path):
     resumed = tf_keras.models.load_model(path)
   assert isinstance(resumed.optimizer, LSO)
   assert common.as_int(resumed.optimizer.iterations) == 4
+  assert float(resumed.optimizer.loss_scale) == 8.0
   _fit(resumed, 1)
   _assert_same_training_state(resumed, model)
 
