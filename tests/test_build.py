@@ -35,10 +35,12 @@ def test_library_lists_every_module():
 def test_every_test_file_has_a_py_test():
   tests = _build_calls()["py_test"]
   declared = {src for t in tests for src in t["srcs"] if "/test_" in src}
-  on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py")}
+  on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py")}
   assert sorted(on_disk - declared) == [], "test files missing a py_test in BUILD"
   assert sorted(declared - on_disk) == [], "BUILD declares test files that do not exist"
   for t in tests:
     (src,) = [s for s in t["srcs"] if "/test_" in s]
-    assert t["name"] == pathlib.Path(src).stem, f"py_test {t['name']} should be named after {src}"
+    # tests/field/test_x.py is "field/test_x": unique beside tests/test_x.py.
+    name = pathlib.Path(src).relative_to("tests").with_suffix("").as_posix()
+    assert t["name"] == name, f"py_test {t['name']} should be named {name}, after {src}"
     assert t["args"] == [src], f"py_test {t['name']} must pass its file to the pytest runner"

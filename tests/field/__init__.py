@@ -1,0 +1,1 @@
+"""Regression tests reproducing what broke the peers' loss scaling for real users."""
