@@ -244,7 +244,7 @@ def test_set_policy_makes_keras3_build_layers_and_models_with_it():
   policy = experimental.Policy("mixed_float16", 1024)
   experimental.set_policy(policy)
   assert experimental.global_policy() is policy
-  assert keras.config.dtype_policy() is policy
+  assert keras.mixed_precision.global_policy() is policy
   model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
   assert model.dtype_policy is policy and model.layers[0].dtype_policy is policy
 

@@ -282,12 +282,19 @@ def keras3_reduce_once(inner, applying_reduced):
   Returns:
     The original reduction, `reduce(grads_and_vars) -> grads_and_vars`.
 
+  Keras 3.0 to 3.2 have no such method and do not all-reduce at all: there
+  nothing is replaced and the returned reduction sums with the replica
+  context's public `all_reduce`.
+
   Raises:
-    FrameworkChangedError: If Keras 3 no longer reduces there: a silent
-      second reduction would multiply every gradient by the number of
-      replicas.
+    FrameworkChangedError: If Keras 3 reduces neither way: a silent second
+      reduction would multiply every gradient by the number of replicas.
   """
   reduce = getattr(inner, "_all_reduce_sum_gradients", None)
+  if not callable(reduce) and callable(getattr(inner, "_distributed_apply_gradients_fn", None)):
+    # Keras 3.0 to 3.2 apply each replica's gradients as they are (no
+    # all-reduce at all): reduce them here, with the public replica context.
+    return _all_reduce_sum
   if not callable(reduce):
     raise _changed(
       "keras",
@@ -302,6 +309,18 @@ def keras3_reduce_once(inner, applying_reduced):
 
   object.__setattr__(inner, "_all_reduce_sum_gradients", all_reduce_sum_gradients)
   return reduce
+
+
+def _all_reduce_sum(grads_and_vars):
+  """Sums gradients over the replicas of the current replica context."""
+  grads_and_vars = list(grads_and_vars)
+  present = [i for i, (g, _) in enumerate(grads_and_vars) if g is not None]
+  summed = tf.distribute.get_replica_context().all_reduce(
+    tf.distribute.ReduceOp.SUM, [grads_and_vars[i][0] for i in present]
+  )
+  for i, grad in zip(present, summed, strict=True):
+    grads_and_vars[i] = (grad, grads_and_vars[i][1])
+  return grads_and_vars
 
 
 def keras3_step_counter(inner):

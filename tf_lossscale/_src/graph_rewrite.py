@@ -69,7 +69,7 @@ def _wrap_optimizer(opt, loss_scale):
 
 def _mixed_keras_policy_in_use():
   """Whether Keras 3's, tf_keras's or TF's Keras global policy is a mixed one."""
-  policy = keras.config.dtype_policy()
+  policy = keras.mixed_precision.global_policy()
   if policy.compute_dtype != policy.variable_dtype:
     return True
   return framework_internals.using_mixed_precision_policy()

@@ -336,7 +336,7 @@ def set_policy(policy):
       'policies, such as "float32" and "mixed_float16", but got policy: '
       f"{policy.name}"
     )
-  keras.config.set_dtype_policy(policy)
+  keras.mixed_precision.set_global_policy(policy)
   framework_internals.set_using_mixed_precision_policy(is_mixed)
 
 

@@ -75,9 +75,13 @@ def register_public_class(public_class, name, deserialized_class=None):
 
 
 def registration(public_class):
-  """`(name, deserialized_class)` as `public_class` was registered."""
-  (found,) = [(n, d) for n, (c, d) in _PUBLIC_CLASSES.items() if c is public_class]
-  return found
+  """`(name, deserialized_class)` as `public_class`, or the nearest class it
+  inherits from (a user's subclass, e.g. Horovod's), was registered."""
+  for klass in public_class.__mro__:
+    for name, (registered, deserialized_class) in _PUBLIC_CLASSES.items():
+      if registered is klass:
+        return name, deserialized_class
+  raise ValueError(f"{public_class} is no subclass of a registered LossScaleOptimizer class")
 
 
 def _register_all(family):
