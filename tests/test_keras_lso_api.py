@@ -476,3 +476,21 @@ def test_tf22_checkpoint_with_base_optimizer_restores_slots(tmp_path):
   opt.apply_gradients([(tf.constant([0.0, 0.0]), new_var)])
   np.testing.assert_allclose(opt.get_slot(new_var, "momentum").numpy(), [-0.09, -0.18], rtol=1e-5)
   assert float(opt.loss_scale) == 64.0
+
+
+@pytest.mark.parametrize("cls", [mixed_precision.LossScaleOptimizer, ExperimentalLSO])
+def test_from_config_refuses_a_dynamic_loss_scale_whose_multiplier_is_not_2(cls):
+  # TF 2.4's message when deserializing (the constructor's own message differs).
+  config = {
+    "optimizer": {"class_name": "SGD", "config": {"name": "sgd"}},
+    "loss_scale": {
+      "class_name": "DynamicLossScale",
+      "config": {"initial_loss_scale": 8.0, "increment_period": 10, "multiplier": 3.0},
+    },
+  }
+  message = (
+    "Cannot deserialize LossScaleOptimizer with a DynamicLossScale whose multiplier is not 2. "
+    "Got DynamicLossScale: "
+  )
+  with pytest.raises(ValueError, match="^" + re.escape(message)):
+    cls.from_config(config)
