@@ -244,16 +244,6 @@ class _UserSubclass(LSO):
   """A user's subclass of the wrapper (one that adds logging, say)."""
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason=(
-    "_concrete_class (tf_lossscale/_src/keras_optimizer.py) registers the concrete class of "
-    "every subclass under `public_cls._REGISTERED_NAME`, which a subclass inherits "
-    "('LossScaleOptimizer'): the last subclass instantiated takes over "
-    "'tf_lossscale>LossScaleOptimizer' in Keras's registry, and models saved with the plain "
-    "wrapper load with the subclass"
-  ),
-)
 @pytest.mark.parametrize("family, filename", [("keras3", "model.keras"), ("tf_keras", "model.h5")])
 def test_a_subclass_does_not_take_over_the_wrappers_saved_name(
   family, filename, tmp_path, restore_serialization_registries
