@@ -1,13 +1,15 @@
 """Times one training step with loss scaling: tf_lossscale against its peers.
 
-For every workload and execution mode, three optimizer families are timed in
-the same process, interleaved round by round:
+For every workload, execution mode and kind of inner optimizer (`--optimizer`:
+SGD with momentum 0.9 and Adam by default, plain SGD on request), three
+optimizer families are timed in the same process, interleaved round by round:
 
-* keras3: `keras.optimizers.SGD` plain, wrapped in Keras 3's own
+* keras3: `keras.optimizers.SGD` / `Adam` plain, wrapped in Keras 3's own
   `keras.mixed_precision.LossScaleOptimizer` (peer) and in ours.
-* tf_keras: `tf_keras.optimizers.legacy.SGD` plain, wrapped in tf_keras's
-  `tf_keras.mixed_precision.LossScaleOptimizer` (peer) and in ours.
-* v1: `tf.compat.v1.train.GradientDescentOptimizer` plain, wrapped in TF's
+* tf_keras: `tf_keras.optimizers.legacy.SGD` / `Adam` plain, wrapped in
+  tf_keras's `tf_keras.mixed_precision.LossScaleOptimizer` (peer) and in ours.
+* v1: `tf.compat.v1.train.GradientDescentOptimizer` / `MomentumOptimizer` /
+  `AdamOptimizer` plain, wrapped in TF's
   `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer` (peer) and in
   ours.
 
@@ -42,6 +44,7 @@ import tensorflow as tf  # noqa: E402
 
 MODES = ("function", "eager", "xla", "graph")
 FAMILIES = ("keras3", "tf_keras", "v1")
+OPTIMIZERS = ("sgd", "momentum", "adam")  # SGD with momentum 0.9 for "momentum".
 IMPLS = ("plain", "floor", "gated", "peer", "ours")
 FLOORS = ("floor", "gated")  # Lower bounds (see _floor_grads).
 PEER_NAMES = {
@@ -159,17 +162,22 @@ class NotApplicable(Exception):
 # Optimizers.
 
 
+_MOMENTUM = 0.9
+
+
 def _inner(family, optimizer, lr):
   import keras
   import tf_keras
 
-  if family == "keras3":
-    return {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam}[optimizer](lr)
-  if family == "tf_keras":
-    legacy = tf_keras.optimizers.legacy
-    return {"sgd": legacy.SGD, "adam": legacy.Adam}[optimizer](lr)
-  v1 = tf.compat.v1.train
-  return {"sgd": v1.GradientDescentOptimizer, "adam": v1.AdamOptimizer}[optimizer](lr)
+  if family == "v1":
+    v1 = tf.compat.v1.train
+    if optimizer == "momentum":
+      return v1.MomentumOptimizer(lr, _MOMENTUM)
+    return {"sgd": v1.GradientDescentOptimizer, "adam": v1.AdamOptimizer}[optimizer](lr)
+  classes = keras.optimizers if family == "keras3" else tf_keras.optimizers.legacy
+  if optimizer == "adam":
+    return classes.Adam(lr)
+  return classes.SGD(lr, momentum=_MOMENTUM if optimizer == "momentum" else 0.0)
 
 
 def _make_optimizer(family, impl, optimizer, lr):
@@ -324,6 +332,7 @@ class Config:
   mode: str
   family: str
   impl: str
+  optimizer: str = "sgd"
   status: str = "ok"  # ok, n/a, fail
   reason: str = ""
   clock: str = "wall"
@@ -360,7 +369,7 @@ class Config:
 
 def _prepare(cfg, args, variables, loss_fn):
   """Builds cfg.run for tf.function, eager and XLA modes."""
-  opt = _make_optimizer(cfg.family, cfg.impl, args.optimizer, args.lr)
+  opt = _make_optimizer(cfg.family, cfg.impl, cfg.optimizer, args.lr)
   if cfg.family == "keras3" and hasattr(opt, "build"):
     opt.build(variables)  # Keras 3 creates its variables up front.
   step = _make_step(cfg.family, cfg.impl, opt, variables, loss_fn)
@@ -376,7 +385,7 @@ def _prepare_graph(cfg, args, workload):
   graph = tf.Graph()
   with graph.as_default():
     variables, loss_fn = workload.build()
-    opt = _make_optimizer(cfg.family, cfg.impl, args.optimizer, args.lr)
+    opt = _make_optimizer(cfg.family, cfg.impl, cfg.optimizer, args.lr)
     if cfg.impl in FLOORS:
       train_op = _floor_v1(cfg.impl, opt, variables, loss_fn, tensor_loss=True)
     else:
@@ -393,10 +402,15 @@ def _timed(fn):
   return time.perf_counter() - start
 
 
-def run_workload_mode(workload, mode, args, log):
-  """Measures every family x impl of one workload in one mode, interleaved."""
+def run_workload_mode(workload, mode, optimizer, args, log):
+  """Measures every family x impl of one workload in one mode with one kind of
+  inner optimizer, interleaved."""
   families = [f for f in args.families if mode != "graph" or f == "v1"]
-  configs = [Config(workload.name, mode, f, i, clock=args.clock) for f in families for i in IMPLS]
+  configs = [
+    Config(workload.name, mode, f, i, optimizer=optimizer, clock=args.clock)
+    for f in families
+    for i in IMPLS
+  ]
   if mode != "graph":
     try:
       variables, loss_fn = workload.build()
@@ -451,9 +465,9 @@ def run_workload_mode(workload, mode, args, log):
 # Report.
 
 
-def _find(configs, workload, mode, family, impl):
+def _find(configs, row, family, impl):
   for c in configs:
-    if (c.workload, c.mode, c.family, c.impl) == (workload, mode, family, impl):
+    if (c.workload, c.optimizer, c.mode, c.family, c.impl) == (*row, family, impl):
       return c
   return None
 
@@ -496,12 +510,17 @@ def _overhead(cfg, plain):
   return cfg.median_ms / plain.median_ms - 1
 
 
-def _pairs(configs):
+def _rows(configs):
+  """The (workload, optimizer, mode) rows, in the order they were run."""
   seen = []
   for c in configs:
-    if (c.workload, c.mode) not in seen:
-      seen.append((c.workload, c.mode))
+    if (c.workload, c.optimizer, c.mode) not in seen:
+      seen.append((c.workload, c.optimizer, c.mode))
   return seen
+
+
+def _label(row):
+  return " · ".join(row)
 
 
 def _verdict(peers, ours, floors):
@@ -528,16 +547,16 @@ def summary_table(configs, families, notes):
   The floor columns are the lowest floor/plain and floor+cond/plain of the
   families (see `_floor_grads`); the last column is `_verdict`.
   """
-  head = ["workload · mode"]
+  head = ["workload · optimizer · mode"]
   for f in families:
     head += [f"{PEER_NAMES[f]}", f"ours ({f})"]
   head += ["floor", "floor+cond", "ours ≤ ½ best peer"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for workload, mode in _pairs(configs):
-    row = [f"{workload} · {mode}"]
+  for key in _rows(configs):
+    row = [_label(key)]
     peers, ours, floors = [], {}, {}
     for f in families:
-      found = {i: _find(configs, workload, mode, f, i) for i in IMPLS}
+      found = {i: _find(configs, key, f, i) for i in IMPLS}
       plain = found["plain"]
       row += [_ratio(found["peer"], plain, notes), _ratio(found["ours"], plain, notes)]
       if plain is None:
@@ -555,7 +574,7 @@ def summary_table(configs, families, notes):
 
 def detail_table(configs, families, memory_kind, notes):
   head = [
-    "workload · mode · family",
+    "workload · optimizer · mode · family",
     "plain ms",
     "floor ms",
     "floor+cond ms",
@@ -575,12 +594,12 @@ def detail_table(configs, families, memory_kind, notes):
       out.append("-" if value is None else format(value, fmt))
     return "/".join(out)
 
-  for workload, mode in _pairs(configs):
+  for key in _rows(configs):
     for f in families:
-      plain, floor, gated, peer, ours = (_find(configs, workload, mode, f, i) for i in IMPLS)
+      plain, floor, gated, peer, ours = (_find(configs, key, f, i) for i in IMPLS)
       if plain is None:
         continue
-      cells = [f"{workload} · {mode} · {f}", _ms(plain, notes)]
+      cells = [f"{_label(key)} · {f}", _ms(plain, notes)]
       cells += [_ms(floor, notes), _ms(gated, notes), _ms(peer, notes), _ms(ours, notes)]
       cells += [_ratio(ours, plain, notes), _ratio(ours, peer, notes)]
       cells += [
@@ -635,7 +654,12 @@ def parse_args(argv):
     help="what the tables compare: wall time, or the process's CPU time (all threads), "
     "steadier on a machine shared with other work; the JSON holds both",
   )
-  parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+  parser.add_argument(
+    "--optimizer",
+    default="momentum,adam",
+    help=f"comma-separated inner optimizers, from {','.join(OPTIMIZERS)} "
+    "(momentum: SGD with momentum 0.9); default %(default)s",
+  )
   parser.add_argument("--lr", type=float, default=1e-4)
   parser.add_argument(
     "--json", help="write all measurements to this file (rewritten as each workload x mode ends)"
@@ -653,8 +677,14 @@ def parse_args(argv):
   args.workloads = [w for w in args.workloads.split(",") if w]
   args.modes = [m for m in args.modes.split(",") if m]
   args.families = [f for f in args.families.split(",") if f]
+  args.optimizer = [o for o in args.optimizer.split(",") if o]
   args.skip = {tuple(s.split(":")) for s in args.skip.split(",") if s}
-  for name, allowed in (("workloads", WORKLOADS), ("modes", MODES), ("families", FAMILIES)):
+  for name, allowed in (
+    ("workloads", WORKLOADS),
+    ("modes", MODES),
+    ("families", FAMILIES),
+    ("optimizer", OPTIMIZERS),
+  ):
     unknown = set(getattr(args, name)) - set(allowed)
     if unknown:
       parser.error(f"unknown {name}: {sorted(unknown)}; allowed: {list(allowed)}")
@@ -686,11 +716,13 @@ def print_tables(results, out):
   configs = []
   for row in results["results"]:
     row = {k: v for k, v in row.items() if k != "median_ms"}
+    # Runs from before `--optimizer` took a list had one optimizer for all rows.
+    row.setdefault("optimizer", args["optimizer"])
     configs.append(Config(**{**row, "clock": args["clock"]}))
   families = [f for f in FAMILIES if any(c.family == f for c in configs)]
   print(
     f"\nStep time of each LSO / the same optimizer's plain step (median of {args['rounds']} "
-    f"interleaved rounds, {args['optimizer']}, {args['clock']} clock):\n",
+    f"interleaved rounds, {args['clock']} clock; momentum: SGD with momentum 0.9):\n",
     file=out,
   )
   notes = Notes()
@@ -742,9 +774,10 @@ def main(argv=None, out=sys.stdout):
     for mode in args.modes:
       if (name, mode) in args.skip:
         continue
-      log(f"{name} · {mode}")
-      configs += run_workload_mode(WORKLOADS[name], mode, args, log)
-      save(_results(args, configs, time.perf_counter() - start, complete=False))
+      for optimizer in args.optimizer:
+        log(f"{name} · {optimizer} · {mode}")
+        configs += run_workload_mode(WORKLOADS[name], mode, optimizer, args, log)
+        save(_results(args, configs, time.perf_counter() - start, complete=False))
   results = _results(args, configs, time.perf_counter() - start, complete=True)
   save(results)
   print_tables(results, out)

@@ -34,14 +34,18 @@ def test_tiny_run_reports_every_config_in_json_and_markdown(benchmark, tmp_path)
       "--rounds=2",
       "--block-seconds=0",
       f"--json={path}",
+      "--optimizer=sgd,momentum,adam",
     ],
     out=out,
   )
   data = json.loads(path.read_text())
   assert set(data["meta"]) >= {"date", "versions", "args", "memory", "workloads"}
-  rows = {(r["mode"], r["family"], r["impl"]): r for r in data["results"]}
-  expected = {("eager", f, i) for f in benchmark.FAMILIES for i in benchmark.IMPLS}
-  expected |= {("graph", "v1", i) for i in benchmark.IMPLS}  # TF1 Sessions: v1 optimizers only
+  rows = {(r["optimizer"], r["mode"], r["family"], r["impl"]): r for r in data["results"]}
+  expected = set()
+  for o in benchmark.OPTIMIZERS:
+    expected |= {(o, "eager", f, i) for f in benchmark.FAMILIES for i in benchmark.IMPLS}
+    # TF1 Sessions: v1 optimizers only.
+    expected |= {(o, "graph", "v1", i) for i in benchmark.IMPLS}
   assert set(rows) == expected
   for key, row in rows.items():
     assert row["workload"] == "tiny"
@@ -54,11 +58,12 @@ def test_tiny_run_reports_every_config_in_json_and_markdown(benchmark, tmp_path)
   assert all(row["status"] == "ok" for row in rows.values()), rows  # Floors eagerly too.
 
   text = out.getvalue()
-  assert "| workload · mode | Keras 3 LSO | ours (keras3) |" in text
-  for mode in ("eager", "graph"):
-    assert f"| tiny · {mode} |" in text
-  assert "| tiny · graph · v1 |" in text
-  assert "| tiny · graph · keras3 |" not in text
+  assert "| workload · optimizer · mode | Keras 3 LSO | ours (keras3) |" in text
+  for o in benchmark.OPTIMIZERS:
+    for mode in ("eager", "graph"):
+      assert f"| tiny · {o} · {mode} |" in text
+    assert f"| tiny · {o} · graph · v1 |" in text
+    assert f"| tiny · {o} · graph · keras3 |" not in text
 
   # The tables can be printed again from the JSON alone.
   again = io.StringIO()
@@ -106,3 +111,31 @@ def test_unknown_workload_is_refused_with_the_allowed_names(benchmark, capsys):
   with pytest.raises(SystemExit):
     benchmark.parse_args(["--workloads=resnet"])
   assert "mlp1m" in capsys.readouterr().err
+
+
+def test_momentum_and_adam_are_the_default_inner_optimizers(benchmark, capsys):
+  assert benchmark.parse_args([]).optimizer == ["momentum", "adam"]
+  assert benchmark.parse_args(["--optimizer=sgd"]).optimizer == ["sgd"]
+  with pytest.raises(SystemExit):
+    benchmark.parse_args(["--optimizer=rmsprop"])
+  assert "momentum" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["keras3", "tf_keras", "v1"])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
+def test_inner_optimizers_are_the_named_kind(benchmark, family, optimizer):
+  inner = benchmark._inner(family, optimizer, 0.5)  # pylint: disable=protected-access
+  name = type(inner).__name__
+  if family == "v1":
+    expected = {
+      "sgd": "GradientDescentOptimizer",
+      "momentum": "MomentumOptimizer",
+      "adam": "AdamOptimizer",
+    }
+    assert name == expected[optimizer]
+    return
+  assert name == ("Adam" if optimizer == "adam" else "SGD")
+  if optimizer != "adam":
+    momentum = inner.momentum
+    momentum = float(momentum.numpy() if hasattr(momentum, "numpy") else momentum)
+    assert momentum == pytest.approx(0.9 if optimizer == "momentum" else 0.0)
