@@ -71,6 +71,39 @@ def test_tiny_run_reports_every_config_in_json_and_markdown(benchmark, tmp_path)
   assert again.getvalue() == text
 
 
+def test_fit_run_compares_ours_with_each_framework_s_own_wrapping(benchmark, tmp_path):
+  out = io.StringIO()
+  path = tmp_path / "fit.json"
+  argv = ["--workloads=", "--modes=", "--fit=tinyfit", "--rounds=2", f"--json={path}"]
+  benchmark.main(argv, out=out)
+  rows = {(r["family"], r["impl"]): r for r in json.loads(path.read_text())["results"]}
+  assert set(rows) == {(f, i) for f in benchmark.FIT_FAMILIES for i in ("peer", "ours")}
+  for key, row in rows.items():
+    assert row["status"] == "ok", (key, row["reason"])
+    assert (row["mode"], row["optimizer"]) == ("fit", "adam")
+    assert len(row["wall_ms"]) == 2 and row["first_call_s"] > 0, key
+  text = out.getvalue()
+  assert "| tinyfit · adam · keras3 |" in text and "| tinyfit · adam · tf_keras |" in text
+  assert "Step time of each LSO" not in text  # No step workload ran.
+  again = io.StringIO()
+  benchmark.main([f"--from-json={path}"], out=again)
+  assert again.getvalue() == text
+
+
+@pytest.mark.parametrize("family", ["keras3", "tf_keras"])
+@pytest.mark.parametrize("impl", ["peer", "ours"])
+def test_fit_models_are_mixed_float16_with_the_expected_wrapper(benchmark, family, impl):
+  workload = benchmark.FIT_WORKLOADS["tinyfit"]
+  model = benchmark.compiled_fit_model(family, impl, "adam", 0.01, workload)
+  module = type(model.optimizer).__module__
+  assert module.startswith("tf_lossscale") == (impl == "ours"), module
+  assert "LossScaleOptimizer" in type(model.optimizer).__name__
+  assert model.layers[1].compute_dtype == "float16"
+  assert model.layers[-1].compute_dtype == "float32"  # The logits.
+  framework = benchmark._fit_framework(family)  # pylint: disable=protected-access
+  assert framework.mixed_precision.global_policy().name == "float32"  # Restored.
+
+
 def _floors(floor, cond):
   return {"floor": floor, "gated": cond}
 
