@@ -862,7 +862,8 @@ def parse_args(argv):
   parser.add_argument(
     "--fit",
     help=f"models trained with fit under mixed_float16, comma-separated, from "
-    f"{','.join(FIT_WORKLOADS)}; default {FULL['fit']} (none with --quick)",
+    f"{','.join(FIT_WORKLOADS)}; default {FULL['fit']} when neither --workloads nor --modes "
+    "is given, else none (none with --quick)",
   )
   parser.add_argument(
     "--fit-optimizer",
@@ -904,6 +905,8 @@ def parse_args(argv):
   parser.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
   args = parser.parse_args(argv)
   defaults = QUICK if args.quick else FULL
+  if args.workloads is not None or args.modes is not None:
+    defaults = {**defaults, "fit": ""}  # A chosen part of the matrix: no fit unless asked.
   for key, value in defaults.items():
     if getattr(args, key) is None:
       setattr(args, key, value)

@@ -146,6 +146,13 @@ def test_unknown_workload_is_refused_with_the_allowed_names(benchmark, capsys):
   assert "mlp1m" in capsys.readouterr().err
 
 
+def test_fit_runs_by_default_only_in_the_full_matrix(benchmark):
+  assert benchmark.parse_args([]).fit == ["resnet", "transformer"]
+  assert benchmark.parse_args(["--quick"]).fit == []
+  assert benchmark.parse_args(["--workloads=mlp1m"]).fit == []
+  assert benchmark.parse_args(["--modes=xla", "--fit=resnet"]).fit == ["resnet"]
+
+
 def test_momentum_and_adam_are_the_default_inner_optimizers(benchmark, capsys):
   assert benchmark.parse_args([]).optimizer == ["momentum", "adam"]
   assert benchmark.parse_args(["--optimizer=sgd"]).optimizer == ["sgd"]
