@@ -747,10 +747,13 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
     Under a `tf.distribute` strategy the gradients are all-reduced first
     (unless `experimental_aggregate_gradients` is False or
-    `skip_gradients_aggregation` True, for gradients you already reduced). With a dynamic loss scale, one decision for all
-    replicas: if any gradient is Inf or NaN, no variable or slot changes,
-    the loss scale halves and only `iterations` counts the step; otherwise the
-    inner optimizer applies the gradients and the loss scale is updated.
+    `skip_gradients_aggregation` True, for gradients you already reduced).
+    With a dynamic loss scale, one decision for all replicas: if any gradient
+    is Inf or NaN, no variable or slot changes, the loss scale halves and only
+    `iterations` counts the step (not with Keras 3's
+    `gradient_accumulation_steps`, where a skipped micro-step is dropped from
+    its window); otherwise the inner optimizer applies the gradients and the
+    loss scale is updated.
 
     Args:
       grads_and_vars: Iterable of (unscaled gradient, variable) pairs.
