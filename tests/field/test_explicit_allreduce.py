@@ -108,6 +108,7 @@ def test_tf_keras_new_spelling_skip_gradients_aggregation():
   common.assert_on_every_replica(strategy, var, [-1.0])  # applied once, not reduced again
 
 
+@common.needs_keras3_option("loss_scale_factor")
 @pytest.mark.parametrize("path", ["custom_loop", "fit"])
 def test_an_inner_loss_scale_factor_is_not_applied_twice(path):
   inner = keras.optimizers.SGD(0.5, loss_scale_factor=4.0)

@@ -40,6 +40,7 @@ def _accumulator(inner, var):
   return accumulator.numpy()
 
 
+@common.needs_keras3_option("gradient_accumulation_steps")
 def test_keras3_accumulation_a_nan_micro_step_never_reaches_the_accumulator():
   var = keras.Variable([1.0, 2.0])
   inner = keras.optimizers.SGD(1.0, gradient_accumulation_steps=2)
@@ -52,6 +53,7 @@ def test_keras3_accumulation_a_nan_micro_step_never_reaches_the_accumulator():
   assert float(opt.loss_scale) == 4.0
 
 
+@common.needs_keras3_option("gradient_accumulation_steps")
 @pytest.mark.parametrize("bad_position", [0, 1], ids=["opening", "closing"])
 def test_keras3_accumulation_a_skipped_micro_step_leaves_the_window_open(bad_position):
   """The window holds N finite micro-batches, as Keras 3's own wrapper keeps it.
@@ -77,6 +79,7 @@ def test_keras3_accumulation_a_skipped_micro_step_leaves_the_window_open(bad_pos
   assert int(opt.iterations.numpy()) == 2
 
 
+@common.needs_keras3_option("gradient_accumulation_steps")
 def test_keras3_own_lso_a_skipped_micro_step_leaves_the_window_open():
   """The peer's behaviour the test above asks for (it takes scaled gradients)."""
   var = keras.Variable([1.0, 2.0])
@@ -88,6 +91,7 @@ def test_keras3_own_lso_a_skipped_micro_step_leaves_the_window_open():
   assert int(inner._iterations.numpy()) == 2  # pylint: disable=protected-access
 
 
+@common.needs_keras3_option("gradient_accumulation_steps")
 def test_keras3_fit_with_gradient_accumulation_matches_the_plain_optimizer():
   weights = []
   for wrap in (lambda inner: inner, lambda inner: LSO(inner, initial_scale=2.0**10)):
