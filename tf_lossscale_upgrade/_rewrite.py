@@ -23,7 +23,7 @@ import re
 import libcst as cst
 from libcst import helpers, metadata
 
-from tf_lossscale._src.upgrade import _names
+from tf_lossscale_upgrade import _names
 
 REWRITE = "rewrite"
 NOT_REWRITTEN = "not rewritten"

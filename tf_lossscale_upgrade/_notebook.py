@@ -11,7 +11,7 @@ import re
 
 import libcst as cst
 
-from tf_lossscale._src.upgrade import _rewrite
+from tf_lossscale_upgrade import _rewrite
 
 _BOUNDARY = "# tf-lossscale-upgrade: cell {}"
 _MASK = "# tf-lossscale-upgrade: ipython {}"

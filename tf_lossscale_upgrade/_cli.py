@@ -11,7 +11,7 @@ import tokenize
 
 import libcst as cst
 
-from tf_lossscale._src.upgrade import _names, _notebook, _rewrite
+from tf_lossscale_upgrade import _names, _notebook, _rewrite
 
 _DESCRIPTION = """\
 Rewrites TensorFlow 2.x-era loss-scaling code (tf.keras.mixed_precision.LossScaleOptimizer,
