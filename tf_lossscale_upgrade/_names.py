@@ -256,16 +256,22 @@ def is_private_or_gone(module):
   return module.startswith(_PRIVATE_ROOT) or module in GONE
 
 
-_WORTH_PARSING = re.compile(r"mixed_precision|LossScale|loss_scale")
+# Every name the tool can rewrite or report spells one of these words (a test
+# checks the tables): the loss-scaling words, `python` (TensorFlow's private
+# modules) and `experimental` (`train.experimental`, reported when used whole).
+_WORTH_PARSING = re.compile(r"mixed_precision|LossScale|loss_scale|python|experimental")
 
 
 def worth_parsing(code):
-  """A cheap test: False means the code cannot use any name in NAMES.
+  """A cheap test: False means the tool has nothing to rewrite or report in `code`.
 
-  Resolving a name needs an import of `tensorflow`, and the path to every name
-  in NAMES spells one of the words searched for: in the name (`LossScale...`),
-  or in a module on the way, which the import or the attribute chain spells
-  (the policy functions are all under a `mixed_precision` module).
+  A name resolves only through an import of `tensorflow`, so the word is in the
+  file. Every module and name on the way to something the tool rewrites or
+  reports (NAMES, COUNTERPARTS, CLAIMED) has a part that spells one of the
+  words of `_WORTH_PARSING`, and a file reaches a name only by spelling each of
+  its parts: in an import (`from tensorflow.keras import mixed_precision as mp`)
+  or an attribute (`tf.keras.mixed_precision`). Aliases rename the bound name,
+  never the parts an import spells.
   """
   return "tensorflow" in code and _WORTH_PARSING.search(code) is not None
 
