@@ -12,7 +12,7 @@ import tokenize
 
 import libcst as cst
 
-from tf_lossscale_upgrade import _names, _notebook, _rewrite
+from tf_lossscale_upgrade import _names, _notebook, _prefilter, _rewrite
 
 _DESCRIPTION = """\
 Rewrites TensorFlow 2.x-era loss-scaling code (tf.keras.mixed_precision.LossScaleOptimizer,
@@ -201,8 +201,11 @@ def _upgrade_path(path):
 
 
 def _upgrade_python(result):
-  result.parsed = _names.worth_parsing(result.old)
-  upgraded = _rewrite.upgrade_source(result.old)
+  result.new = result.old
+  result.parsed = _prefilter.worth_parsing(result.old)
+  if not result.parsed:
+    return
+  upgraded = _rewrite.upgrade_parsed(result.old)
   result.new = upgraded.code
   result.report = tuple((f"{result.path}:{f.line}", f) for f in upgraded.findings)
   if result.changed:

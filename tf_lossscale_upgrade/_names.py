@@ -7,7 +7,6 @@ file's imports are read. Values are the tf_lossscale name it becomes.
 """
 
 import dataclasses
-import re
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,26 +253,6 @@ def same_object(first, second):
 def is_private_or_gone(module):
   """Whether importing `module` is what a migration should remove."""
   return module.startswith(_PRIVATE_ROOT) or module in GONE
-
-
-# Every name the tool can rewrite or report spells one of these words (a test
-# checks the tables): the loss-scaling words, `python` (TensorFlow's private
-# modules) and `experimental` (`train.experimental`, reported when used whole).
-_WORTH_PARSING = re.compile(r"mixed_precision|LossScale|loss_scale|python|experimental")
-
-
-def worth_parsing(code):
-  """A cheap test: False means the tool has nothing to rewrite or report in `code`.
-
-  A name resolves only through an import of `tensorflow`, so the word is in the
-  file. Every module and name on the way to something the tool rewrites or
-  reports (NAMES, COUNTERPARTS, CLAIMED) has a part that spells one of the
-  words of `_WORTH_PARSING`, and a file reaches a name only by spelling each of
-  its parts: in an import (`from tensorflow.keras import mixed_precision as mp`)
-  or an attribute (`tf.keras.mixed_precision`). Aliases rename the bound name,
-  never the parts an import spells.
-  """
-  return "tensorflow" in code and _WORTH_PARSING.search(code) is not None
 
 
 def markdown_table():

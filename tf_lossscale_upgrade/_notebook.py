@@ -11,7 +11,7 @@ import re
 
 import libcst as cst
 
-from tf_lossscale_upgrade import _names, _rewrite
+from tf_lossscale_upgrade import _prefilter, _rewrite
 
 _BOUNDARY = "# tf-lossscale-upgrade: cell {}"
 _MASK = "# tf-lossscale-upgrade: ipython {}"
@@ -48,8 +48,8 @@ class Notebook:
     return source if isinstance(source, str) else "".join(source)
 
   def worth_parsing(self):
-    """False when the code cells have nothing to rewrite or report (`_names.worth_parsing`)."""
-    return _names.worth_parsing("".join(self.cell_source(index) for index in self.code_cells))
+    """False when the code cells have nothing to rewrite or report (see `_prefilter`)."""
+    return _prefilter.worth_parsing("".join(self.cell_source(index) for index in self.code_cells))
 
   def upgrade(self):
     """Rewrites the code cells.

@@ -24,7 +24,7 @@ import re
 import libcst as cst
 from libcst import helpers, metadata
 
-from tf_lossscale_upgrade import _bindings, _names
+from tf_lossscale_upgrade import _bindings, _names, _prefilter
 
 REWRITE = "rewrite"
 NOT_REWRITTEN = "not rewritten"
@@ -103,8 +103,13 @@ def upgrade_source(code):
   Raises:
     libcst.ParserSyntaxError: If `code` is not valid Python.
   """
-  if not _names.worth_parsing(code):
+  if not _prefilter.worth_parsing(code):
     return Result(code, ())
+  return upgrade_parsed(code)
+
+
+def upgrade_parsed(code):
+  """`upgrade_source` without the pre-filter (for callers that ran it already)."""
   module = cst.parse_module(code)
   plan = _Planner(module, keras3_code=_is_keras3_code(code))
   plan.run()
