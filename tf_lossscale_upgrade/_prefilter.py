@@ -24,7 +24,9 @@ import re
 
 from tf_lossscale_upgrade import _names
 
-_WORDS = re.compile(r"mixed_precision|LossScale|loss_scale|python|experimental")
+# `experimental`: `train.experimental` (reported when used whole) and TensorFlow's
+# private `tensorflow.python.training.experimental`.
+_WORDS = re.compile(r"mixed_precision|LossScale|loss_scale|experimental")
 
 
 def worth_parsing(code):
