@@ -172,10 +172,18 @@ def _process(paths, workers):
   files = [p for p in paths if p != "-"]
   if workers > 1:
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-      done = dict(zip(files, pool.map(_upgrade_path, files, chunksize=16)))
+      done = dict(zip(files, pool.map(_upgrade_path_in_worker, files, chunksize=16)))
   else:
     done = {}
   return [done[p] if p in done else _upgrade_path(p) for p in paths]
+
+
+def _upgrade_path_in_worker(path):
+  """`_upgrade_path`, without the text of a file that does not change (none to send back)."""
+  result = _upgrade_path(path)
+  if not result.changed:
+    result.old = result.new = ""
+  return result
 
 
 def _upgrade_path(path):
