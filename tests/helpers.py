@@ -1,6 +1,7 @@
 """Helpers shared by the tests (import as `import helpers`)."""
 
 import functools
+import inspect
 
 import keras
 import pytest
@@ -10,6 +11,13 @@ import tensorflow as tf
 # trackable): `tf.train.Checkpoint` refuses them, and so a wrapper of one.
 KERAS3_OPTIMIZERS_CHECKPOINT = issubclass(
   keras.optimizers.Optimizer, tf.__internal__.tracking.Trackable
+)
+
+# `gradient_accumulation_steps` (of the base optimizer's constructor) is not in Keras 3.0.0.
+KERAS3_ACCUMULATES = any(
+  "gradient_accumulation_steps" in inspect.signature(cls.__init__).parameters
+  for cls in keras.optimizers.SGD.__mro__
+  if "__init__" in vars(cls)
 )
 
 

@@ -18,8 +18,6 @@ reset by the loop. Keras 3's accumulation cannot run under MirroredStrategy
 tests use the default strategy; the hand-written loop runs under both.
 """
 
-import inspect
-
 import keras
 import numpy as np
 import pytest
@@ -31,14 +29,8 @@ from tf_lossscale.keras import mixed_precision
 
 LSO = mixed_precision.LossScaleOptimizer
 NAN = float("nan")
-# `gradient_accumulation_steps` (of the base optimizer's constructor) is not in Keras 3.0.0.
 keras3_accumulates = pytest.mark.skipif(
-  not any(
-    "gradient_accumulation_steps" in inspect.signature(cls.__init__).parameters
-    for cls in keras.optimizers.SGD.__mro__
-    if "__init__" in vars(cls)
-  ),
-  reason="this Keras 3 has no gradient_accumulation_steps",
+  not helpers.KERAS3_ACCUMULATES, reason="this Keras 3 has no gradient_accumulation_steps"
 )
 
 
