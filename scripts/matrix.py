@@ -252,14 +252,15 @@ def text_table(results):
 
 
 def where_and_when():
-  """Date, machine and Python of this run, and the commit it tested."""
+  """Date, machine, load and Python of this run, and the commit it tested."""
   commit = subprocess.run(
     ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
   ).stdout.strip()
+  load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
   return (
     f"{datetime.date.today().isoformat()} on {platform.system()} {platform.machine()}, "
-    f"{len(os.sched_getaffinity(0))} CPUs (`nproc`), Python {platform.python_version()}, "
-    f"commit {commit or 'unknown'}"
+    f"{len(os.sched_getaffinity(0))} CPUs (`nproc`), load average {load} (1, 5, 15 min) at "
+    f"the end, Python {platform.python_version()}, commit {commit or 'unknown'}"
   )
 
 

@@ -1,6 +1,60 @@
 """Helpers shared by the tests (import as `import helpers`)."""
 
+import functools
+import inspect
+
+import keras
+import pytest
 import tensorflow as tf
+
+# Keras 3.0's optimizers are no TensorFlow trackables (Keras 3.1 made them
+# trackable): `tf.train.Checkpoint` refuses them, and so a wrapper of one.
+KERAS3_OPTIMIZERS_CHECKPOINT = issubclass(
+  keras.optimizers.Optimizer, tf.__internal__.tracking.Trackable
+)
+
+# `gradient_accumulation_steps` (of the base optimizer's constructor) is not in Keras 3.0.0.
+KERAS3_ACCUMULATES = any(
+  "gradient_accumulation_steps" in inspect.signature(cls.__init__).parameters
+  for cls in keras.optimizers.SGD.__mro__
+  if "__init__" in vars(cls)
+)
+
+
+@functools.cache
+def keras3_all_reduces():
+  """Whether a plain Keras 3 optimizer sums the replicas' gradients under
+  MirroredStrategy (Keras >= 3.5); before, each replica's copy of a variable
+  steps on that replica's gradient alone (upstream)."""
+  strategy = make_strategy("mirrored")
+  with strategy.scope():
+    var = tf.Variable([0.0])
+    opt = keras.optimizers.SGD(1.0)
+
+  @tf.function
+  def step():
+    def replica_fn():
+      replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+      opt.apply_gradients([(tf.cast([replica + 1], tf.float32), var)])
+
+    strategy.run(replica_fn)
+
+  step()
+  return len({float(v.numpy()[0]) for v in strategy.experimental_local_results(var)}) == 1
+
+
+def need_plain_keras3_all_reduce(strategy):
+  """Skips a test comparing with plain Keras 3 optimizers across replicas where those
+  do not all-reduce (Keras < 3.5): there is no plain reference there."""
+  if strategy.num_replicas_in_sync > 1 and not keras3_all_reduces():
+    pytest.skip("this Keras 3's optimizers do not all-reduce under MirroredStrategy (< 3.5)")
+
+
+def need_tf_checkpoints(family):
+  """Skips the test if `family`'s optimizers cannot be in a `tf.train.Checkpoint`."""
+  if family == "keras3" and not KERAS3_OPTIMIZERS_CHECKPOINT:
+    pytest.skip("Keras 3.0's optimizers are no TF trackables: tf.train.Checkpoint refuses them")
+
 
 TWO_CPUS = ["/cpu:0", "/cpu:1"]
 FOUR_CPUS = ["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"]

@@ -66,11 +66,26 @@ def global_batch(step, num_replicas):
   return _X[step, :num_replicas].reshape(-1, FEATURES), _Y[step, :num_replicas].reshape(-1, 1)
 
 
-def reference_history(num_replicas, momentum=MOMENTUM, steps=STEPS):
+def keras3_fit_divides_loss():
+  """Whether Keras 3's `Model.fit` gives the optimizer each replica's share of the
+  global loss (its batch's mean divided by the replicas in sync): Keras >= 3.8.
+
+  Earlier fit hands over each replica's own batch mean, so the summed gradients
+  are the replicas' count times the global batch's, with or without loss
+  scaling (upstream; plain Keras 3.5 to 3.7 take that step, Keras < 3.5 does
+  not all-reduce at all and the wrapper sums as 3.5 to 3.7 do).
+  """
+  import keras  # noqa: PLC0415
+
+  return tuple(int(part) for part in keras.version().split(".")[:2]) >= (3, 8)
+
+
+def reference_history(num_replicas, momentum=MOMENTUM, steps=STEPS, gradient_factor=1):
   """(kernel, bias) after each step, in float64 numpy, skipping `NAN_STEP`.
 
   What training on the global batch gives when the NaN step is skipped and
-  nothing else changes: the oracle for every scenario.
+  nothing else changes (each gradient times `gradient_factor`): the oracle for
+  every scenario.
   """
   kernel, bias = INITIAL_KERNEL.astype(np.float64), np.zeros(1)
   velocity_k, velocity_b = np.zeros_like(kernel), np.zeros_like(bias)
@@ -79,8 +94,8 @@ def reference_history(num_replicas, momentum=MOMENTUM, steps=STEPS):
     if step != NAN_STEP:
       x, y = global_batch(step, num_replicas)
       error = x @ kernel + bias - y
-      grad_k = 2 * x.T @ error / len(x)
-      grad_b = 2 * error.sum(axis=0) / len(x)
+      grad_k = gradient_factor * 2 * x.T @ error / len(x)
+      grad_b = gradient_factor * 2 * error.sum(axis=0) / len(x)
       velocity_k = momentum * velocity_k - LEARNING_RATE * grad_k
       velocity_b = momentum * velocity_b - LEARNING_RATE * grad_b
       kernel, bias = kernel + velocity_k, bias + velocity_b
@@ -113,7 +128,10 @@ def check_history(history, num_replicas, name):
     unchanged = np.array_equal(kernel, kernel0) and np.array_equal(bias, bias0)
     if unchanged != (step == NAN_STEP):
       raise AssertionError(f"step {step}: variables {'un' if unchanged else ''}changed")
-  reference = reference_history(num_replicas, momentum_of(name))
+  fit_sum = name == "fit_keras3" and not keras3_fit_divides_loss()
+  reference = reference_history(
+    num_replicas, momentum_of(name), gradient_factor=num_replicas if fit_sum else 1
+  )
   for step, ((kernel, bias), (ref_kernel, ref_bias)) in enumerate(
     zip(params, reference, strict=True)
   ):
@@ -391,10 +409,12 @@ def _build_fit(strategy, family, experimental=False):
     # Each process its own folder: only the chief may write there.
     log_dir = tempfile.mkdtemp()
     monitor = LossScaleMonitor(update_freq=1, tensorboard=log_dir)
+    # No `steps_per_epoch`: the dataset ends after `steps` batches anyway, and
+    # with it Keras 3.5 and 3.6 build the model from the epoch's first batch,
+    # which the epoch then skips (their `_maybe_symbolic_build`).
     history = model.fit(
       dataset.with_options(options),
       epochs=1,
-      steps_per_epoch=steps,
       verbose=0,
       callbacks=[record, monitor],
     ).history
@@ -472,6 +492,25 @@ def as_variable(obj):
   return value if isinstance(value, tf.Variable) else None
 
 
+def _checkpoint_children(obj):
+  """{name: child} of `obj` in a checkpoint's object graph.
+
+  Keras 3.0's optimizers are no TF trackables (a checkpoint refuses them, and
+  a wrapper of one): their state is their `variables`, and a wrapper's is its
+  inner optimizer's and its loss scale, named as later Keras checkpoints them.
+  """
+  tf = _tf()
+  if isinstance(obj, tf.__internal__.tracking.Trackable):
+    return obj._trackable_children(save_type="checkpoint")  # pylint: disable=protected-access
+  inner = getattr(obj, "inner_optimizer", None)
+  if inner is None:
+    return {f"variables/{index}": v for index, v in enumerate(obj.variables)}
+  children = _checkpoint_children(inner)
+  if obj.dynamic:
+    children["loss_scale"] = obj._loss_scale  # pylint: disable=protected-access
+  return children
+
+
 def variables_of(run):
   """{path: variable} for every variable of `run`: model, slots, scale, counter.
 
@@ -490,8 +529,7 @@ def variables_of(run):
     if variable is not None:
       found[path] = variable
       return
-    children = obj._trackable_children(save_type="checkpoint")  # pylint: disable=protected-access
-    for name, child in sorted(children.items()):
+    for name, child in sorted(_checkpoint_children(obj).items()):
       walk(child, f"{path}/{name}")
 
   for name, root in run.roots.items():

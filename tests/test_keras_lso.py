@@ -37,7 +37,7 @@ def momentum_slot(opt, var):
 
 def locals_of(strategy, value):
   """Every replica's copy of a variable, as numpy arrays."""
-  if isinstance(value, keras.Variable):
+  if not isinstance(value, tf.Variable):  # A Keras 3 variable (not `keras.Variable` on 3.0).
     value = value.value
   return [np.asarray(v.numpy()) for v in strategy.experimental_local_results(value)]
 
@@ -211,7 +211,9 @@ def test_keras3_own_lso_lets_one_replica_nan_through():
     opt.apply_gradients([(helpers.replica_nan(tf.constant([1.0, 1.0]), 1), var)])
 
   strategy.run(replica_fn)  # (eagerly: in a tf.function it fails to run at all)
-  assert np.isnan(var.numpy()).all()  # ours skips: see test_dynamic_scale_sequence
+  # The replica that got the NaN applied it (Keras >= 3.5 all-reduces first and
+  # so every replica does); ours skips: see test_dynamic_scale_sequence.
+  assert any(np.isnan(value).all() for value in locals_of(strategy, var))
 
 
 def test_minimize(family, strategy, mode):
@@ -458,6 +460,7 @@ def test_without_aggregation_applied_once_and_any_replica_nan_skips(family):
 def test_slots_restored_before_the_first_step_reach_every_replica(family, tmp_path):
   # A checkpoint restored before the inner optimizer is built restores its
   # slots when the first step builds it: on every replica, not only the first.
+  helpers.need_tf_checkpoints(family)
   strategy = helpers.make_strategy("mirrored")
 
   def build():

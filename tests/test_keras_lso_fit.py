@@ -1,10 +1,11 @@
 """Keras LossScaleOptimizer in `Model.compile` + `Model.fit`, Keras 3 and tf_keras."""
 
 import keras
+import multi_worker_job as job
 import numpy as np
 import pytest
 import tf_keras
-from test_keras_lso import shared_strategy
+from test_keras_lso import locals_of, shared_strategy
 
 from tf_lossscale.keras import mixed_precision
 
@@ -23,7 +24,7 @@ def policy(request):
   tf_keras.mixed_precision.set_global_policy("float32")
 
 
-def _fit(framework, opt):
+def _fit(framework, opt, x=X, **kwargs):
   model = framework.Sequential(
     [
       framework.Input((2,)),
@@ -31,7 +32,7 @@ def _fit(framework, opt):
     ]
   )
   model.compile(optimizer=opt, loss="mse")
-  model.fit(X, Y, batch_size=4, epochs=3, verbose=0)
+  model.fit(x, Y, batch_size=4, epochs=3, verbose=0, **kwargs)
   return model
 
 
@@ -76,20 +77,45 @@ def test_tf_keras_fit_uses_our_scale(policy, optimizers):
   assert int(opt.iterations.numpy()) == 3
 
 
-@pytest.mark.parametrize("framework", ["keras3", "tf_keras"])
-def test_fit_under_mirrored_strategy(policy, framework):
+def test_tf_keras_fit_under_mirrored_strategy(policy):
   """Each replica scales its loss once and unscales once: same result as one device."""
-  fw, inner = (
-    (keras, lambda: keras.optimizers.SGD(0.1))
-    if framework == "keras3"
-    else (tf_keras, lambda: tf_keras.optimizers.legacy.SGD(0.1))
-  )
   with shared_strategy("mirrored").scope():
-    opt = mixed_precision.LossScaleOptimizer(inner(), initial_scale=4, dynamic_growth_steps=2)
-    model = _fit(fw, opt)
+    opt = mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.legacy.SGD(0.1), initial_scale=4, dynamic_growth_steps=2
+    )
+    model = _fit(tf_keras, opt)
   np.testing.assert_allclose(model.layers[0].kernel.numpy().ravel(), [0.216, 0.216], rtol=1e-3)
   assert float(opt.loss_scale) == 8.0 and int(opt.dynamic_counter.numpy()) == 1
   assert int(opt.iterations.numpy()) == 3
+
+
+def test_keras3_fit_under_mirrored_strategy_takes_plain_keras_steps(policy):
+  """Ours takes the steps plain Keras's `fit` takes on this Keras.
+
+  Each replica's batch here is two rows, [1, 0] on the first and [0, 1] on the
+  second, target 0: a replica's gradient has one non-zero coordinate, 2 * w.
+  Keras >= 3.8 divides each replica's loss by the replicas in sync: w *= 0.9 a
+  step, the global batch's step. Earlier Keras does not (upstream): summed,
+  w *= 0.8 a step (plain Keras 3.5 to 3.7 alike); Keras < 3.5 does not even
+  all-reduce (each replica's copy steps on its own gradient and they drift
+  apart), and ours sums as 3.5 to 3.7 do.
+  """
+  x = np.array([[1, 0], [1, 0], [0, 1], [0, 1]], "float32")
+  strategy = shared_strategy("mirrored")
+  kernels = []
+  for wrap in (lambda inner: mixed_precision.LossScaleOptimizer(inner, initial_scale=4), None):
+    with strategy.scope():
+      inner = keras.optimizers.SGD(0.1)
+      model = _fit(keras, wrap(inner) if wrap else inner, x, shuffle=False)
+    kernels.append([k.ravel() for k in locals_of(strategy, model.layers[0].kernel)])
+  ours, plain = kernels
+  step = 0.9 if job.keras3_fit_divides_loss() else 0.8
+  for replica in ours:
+    np.testing.assert_allclose(replica, [step**3, step**3], rtol=1e-3)
+  if all(np.array_equal(replica, plain[0]) for replica in plain):
+    np.testing.assert_allclose(ours, plain, rtol=1e-3)
+  else:  # Keras < 3.5: no all-reduce, each copy steps on its replica's coordinate only.
+    assert plain[0][1] == plain[1][0] == 1.0
 
 
 def test_keras3_saving_keeps_the_options_and_a_run_of_non_finite_steps(tmp_path):

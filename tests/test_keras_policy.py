@@ -3,6 +3,7 @@
 import logging
 
 import keras
+import multi_worker_job as job
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -51,7 +52,7 @@ def _tf24_config(loss_scale):
 
 
 def test_non_experimental_names_are_keras3_objects():
-  assert mixed_precision.Policy is keras.mixed_precision.Policy is keras.DTypePolicy
+  assert mixed_precision.Policy is keras.mixed_precision.Policy is keras.mixed_precision.DTypePolicy
   assert mixed_precision.global_policy is keras.mixed_precision.global_policy
   assert mixed_precision.set_global_policy is keras.mixed_precision.set_global_policy
   assert experimental.global_policy is mixed_precision.global_policy  # as in TF 2.4
@@ -138,7 +139,7 @@ def test_policy_errors_match_tf24(tf24_policy, name, loss_scale):
 
 def test_policy_is_a_keras3_dtype_policy():
   policy = experimental.Policy("mixed_float16", 128)
-  assert isinstance(policy, keras.DTypePolicy)
+  assert isinstance(policy, keras.mixed_precision.DTypePolicy)
   layer = keras.layers.Dense(2, dtype=policy)
   y = layer(np.ones((1, 3), "float32"))
   assert layer.dtype_policy is policy
@@ -174,7 +175,9 @@ def test_layers_saved_with_the_policy_load_with_a_plain_policy():
   model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
   restored = keras.Sequential.from_config(model.get_config())
   reloaded = restored.layers[0].dtype_policy
-  assert isinstance(reloaded, keras.DTypePolicy) and not isinstance(reloaded, experimental.Policy)
+  assert isinstance(reloaded, keras.mixed_precision.DTypePolicy) and not isinstance(
+    reloaded, experimental.Policy
+  )
   assert reloaded.name == "mixed_float16"
 
 
@@ -253,7 +256,9 @@ def test_set_policy_makes_keras3_build_layers_and_models_with_it():
 def test_set_policy_with_a_name_sets_a_plain_policy(name):
   experimental.set_policy(name)
   policy = experimental.global_policy()
-  assert isinstance(policy, keras.DTypePolicy) and not isinstance(policy, experimental.Policy)
+  assert isinstance(policy, keras.mixed_precision.DTypePolicy) and not isinstance(
+    policy, experimental.Policy
+  )
   assert policy.name == name
 
 
@@ -311,9 +316,12 @@ def test_get_layer_policy():
     (lambda: experimental.Policy("float32", "dynamic"), ("experimental", True, 2.0**15, 2000)),
     (lambda: experimental.Policy("mixed_float16", None), None),
     (lambda: experimental.Policy("mixed_bfloat16"), None),
-    (lambda: keras.DTypePolicy("mixed_float16"), ("non-experimental", True, 2.0**15, 2000)),
+    (
+      lambda: keras.mixed_precision.DTypePolicy("mixed_float16"),
+      ("non-experimental", True, 2.0**15, 2000),
+    ),
     (lambda: "mixed_float16", ("non-experimental", True, 2.0**15, 2000)),
-    (lambda: keras.DTypePolicy("float32"), None),
+    (lambda: keras.mixed_precision.DTypePolicy("float32"), None),
     (
       lambda: keras.layers.Dense(1, dtype=experimental.Policy("mixed_float16", 8)),
       ("experimental", False, 8.0, None),
@@ -369,7 +377,11 @@ def test_keras3_model_under_the_experimental_policy_trains_with_its_loss_scale(s
   model.fit(X, Y, batch_size=4, epochs=3, verbose=0)
   assert model.optimizer is opt  # Keras 3 did not wrap it in its own
   assert model.layers[0].compute_dtype == "float16"
-  np.testing.assert_allclose(model.layers[0].kernel.numpy().ravel(), [0.216, 0.216], rtol=1e-3)
+  # Each step multiplies the kernel by 1 - 0.4 (mse gradient 4 * w), or by 1 - 0.4 * replicas
+  # where Keras's fit does not divide a replica's loss by the replicas (Keras < 3.8).
+  replicas = 1 if job.keras3_fit_divides_loss() else strategy.num_replicas_in_sync
+  expected = (1 - 0.4 * replicas) ** 3
+  np.testing.assert_allclose(model.layers[0].kernel.numpy().ravel(), [expected] * 2, rtol=1e-3)
   # 4 doubles after every 2 finite steps: 3 steps -> 8, one step counted.
   assert float(opt.loss_scale) == 8.0 and int(opt.dynamic_counter.numpy()) == 1
 

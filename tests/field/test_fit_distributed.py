@@ -22,6 +22,7 @@ XLA test below compiles each replica's gradient computation instead, which
 works on every strategy.
 """
 
+import multi_worker_job as job
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -61,12 +62,12 @@ class _RecordWeights:
     self.callback = Callback()
 
 
-def _fit(family, strategy, wrap, compile_kwargs):
+def _fit(family, strategy, wrap, compile_kwargs, learning_rate=0.1):
   fw = common.framework(family)
   recorder = _RecordWeights(fw)
   with strategy.scope():
     model = common.dense_model(fw, regularized=True)
-    inner = common.make_inner(family, learning_rate=0.1, momentum=0.5)
+    inner = common.make_inner(family, learning_rate=learning_rate, momentum=0.5)
     model.compile(wrap(inner), loss="mse", **compile_kwargs)
   model.fit(
     common.X,
@@ -83,11 +84,29 @@ def _fit(family, strategy, wrap, compile_kwargs):
 _REFERENCES = {}
 
 
-def _single_replica_reference(family):
-  if family not in _REFERENCES:
-    record, _ = _fit(family, common.strategy("default"), lambda inner: inner, {})
-    _REFERENCES[family] = record
-  return _REFERENCES[family]
+def _fit_gradient_factor(family, strategy):
+  """How many times the global batch's gradient a `fit` step under `strategy` applies:
+  Keras < 3.8's `fit` does not divide a replica's loss by the replicas in sync (upstream,
+  plain optimizers alike; see `multi_worker_job.keras3_fit_divides_loss`)."""
+  if family == "keras3" and not job.keras3_fit_divides_loss():
+    return strategy.num_replicas_in_sync
+  return 1
+
+
+def _single_replica_reference(family, gradient_factor=1):
+  """A plain optimizer's steps on one replica; `gradient_factor` times the learning
+  rate (SGD with momentum: the same as that many times each gradient)."""
+  key = (family, gradient_factor)
+  if key not in _REFERENCES:
+    record, _ = _fit(
+      family,
+      common.strategy("default"),
+      lambda inner: inner,
+      {},
+      learning_rate=0.1 * gradient_factor,
+    )
+    _REFERENCES[key] = record
+  return _REFERENCES[key]
 
 
 def _cases():
@@ -111,7 +130,7 @@ def test_fit_with_regularization_matches_a_single_replica_step_by_step(family, s
   record, model = _fit(
     family, strategy, lambda inner: LSO(inner, initial_scale=8, dynamic_growth_steps=2), MODES[mode]
   )
-  reference = _single_replica_reference(family)
+  reference = _single_replica_reference(family, _fit_gradient_factor(family, strategy))
   if mode == "steps_per_execution":  # one callback per execution of 2 steps
     reference = reference[1::2]
   assert len(record) == len(reference)
@@ -129,9 +148,11 @@ def test_fit_with_regularization_matches_a_single_replica_step_by_step(family, s
 def test_fit_under_mixed_float16_mirrored_matches_a_single_replica(family, mixed_float16):
   """With float16 computations the two runs agree to float16 precision, scale included."""
   runs = []
-  for strategy_name in ("default", "mirrored"):
+  mirrored = common.strategy("mirrored")
+  factor = _fit_gradient_factor(family, mirrored)
+  for strategy, learning_rate in ((common.strategy("default"), 0.1 * factor), (mirrored, 0.1)):
     record, model = _fit(
-      family, common.strategy(strategy_name), lambda inner: LSO(inner, initial_scale=2.0**10), {}
+      family, strategy, lambda inner: LSO(inner, initial_scale=2.0**10), {}, learning_rate
     )
     runs.append((record[-1], float(model.optimizer.loss_scale)))
   (single, single_scale), (mirrored, mirrored_scale) = runs

@@ -169,6 +169,8 @@ def _optimizer_state(opt, model):
 
 
 def test_tf_train_checkpoint_with_slots_resumes_identically(family, strategy, tmp_path):
+  helpers.need_tf_checkpoints(family)
+
   def build():
     with strategy.scope():
       model = common.dense_model(common.framework(family))
@@ -199,6 +201,7 @@ def test_tf_train_checkpoint_with_slots_resumes_identically(family, strategy, tm
 
 def _checkpoint_resumes_identically(family, named, tmp_path):
   """Fit, write `tf.train.Checkpoint(model=..., optimizer=<named>)`, read it into a fresh model."""
+  helpers.need_tf_checkpoints(family)
 
   def build():
     inner = common.make_inner(family, "Adam", learning_rate=0.1)
@@ -272,7 +275,7 @@ def test_savedmodel_export_serves_the_trained_model(family, tmp_path):
   _fit(model, 1)
   path = str(tmp_path / "saved_model")
   if family == "keras3":
-    model.export(path, verbose=False)
+    model.export(path)  # (no `verbose=False`: Keras 3.5 and older do not take it)
     restored = tf.saved_model.load(path)  # kept: its variables die with it
     served = restored.serve(common.X)
   else:
@@ -286,6 +289,7 @@ def test_savedmodel_export_serves_the_trained_model(family, tmp_path):
 
 def test_a_second_wrapper_is_refused_before_it_can_break_checkpoints(family, tmp_path):
   """tensorflow#48862: the second wrapper used to fail only when checkpointing."""
+  helpers.need_tf_checkpoints(family)
   inner = common.make_inner(family)
   opt = LSO(inner)
   with pytest.raises(ValueError, match="already wrapped by a LossScaleOptimizer"):

@@ -111,6 +111,8 @@ def _train_gan(family, strategy, loss_scaled, bad_generator_steps):
 
 
 def test_wgan_gp_with_two_optimizers_matches_plain_training(family, strategy):
+  if family == "keras3":
+    helpers.need_plain_keras3_all_reduce(strategy)
   critic, generator, d_opt, g_opt = _train_gan(family, strategy, True, bad_generator_steps={1})
   plain_critic, plain_generator, _, _ = _train_gan(family, strategy, False, {1})
   for ours, theirs in zip(
@@ -165,6 +167,8 @@ def test_gradient_penalty_under_mixed_float16(family, mixed_float16, inner_scale
 @pytest.mark.parametrize("bad", [False, True])
 def test_two_losses_scaled_separately_give_one_decision(family, strategy, bad):
   """Two losses, each scaled and unscaled on its own: one step, one skip decision."""
+  if family == "keras3":
+    helpers.need_plain_keras3_all_reduce(strategy)
   runs = []
   for loss_scaled in (True, False):
     with strategy.scope():

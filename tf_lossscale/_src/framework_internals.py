@@ -50,8 +50,15 @@ def delegate_tracking(wrapper, trackable):
   The mixin delegates every tracking method to its attribute `_trackable`
   (TF >= 2.5), normally set by its constructor, which the wrapper does not
   run (its other bases' constructors must not run either).
+
+  Returns:
+    Whether `trackable` is a TensorFlow `Trackable`. Keras 3.0's optimizers are
+    not (Keras 3.1 made them trackable): there is nothing to delegate to, the
+    wrapper must not track anything, and `tf.train.Checkpoint` refuses it as
+    it refuses a plain Keras 3.0 optimizer.
   """
   object.__setattr__(wrapper, "_trackable", trackable)
+  return isinstance(trackable, Trackable)
 
 
 class FrameworkChangedError(RuntimeError):
@@ -326,10 +333,10 @@ def _all_reduce_sum(grads_and_vars):
 def keras3_step_counter(inner):
   """The variable counting a Keras 3 optimizer's steps.
 
-  With `gradient_accumulation_steps` (Keras >= 3.4) the public `iterations`
-  is a tensor, the counter divided by the accumulation steps; the variable is
-  `_iterations` there. Keras < 3.4 has no `_iterations` and `iterations` is
-  the variable.
+  From Keras 3.5 the variable is `_iterations`, and with
+  `gradient_accumulation_steps` the public `iterations` is a tensor, the
+  counter divided by the accumulation steps. Keras < 3.5 has no `_iterations`
+  and `iterations` is the variable.
   """
   counter = getattr(inner, "_iterations", None)
   return inner.iterations if counter is None else counter

@@ -423,7 +423,8 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     framework_internals.mark_wrapped(inner_optimizer)
     # From here on the checkpoint node of the wrapper is the inner
     # optimizer's; the scale state and the placeholder hang from it.
-    framework_internals.delegate_tracking(self, inner_optimizer)
+    if not framework_internals.delegate_tracking(self, inner_optimizer):
+      return
     if self.dynamic:
       self._track_trackable(loss_scale, "loss_scale", overwrite=True)
     if hasattr(inner_optimizer, "get_slot_names"):
@@ -505,7 +506,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     ...   return opt.skipped_steps == skipped_before  # True: applied
     >>> bool(step(tf.constant(float('nan')))), bool(step(tf.constant(0.5)))
     (False, True)
-    >>> int(opt.skipped_steps), int(opt.iterations), float(var.numpy())
+    >>> int(opt.skipped_steps), int(opt.iterations.numpy()), float(var.numpy())
     (1, 2, 0.5)
     """
     if self.dynamic:
@@ -865,14 +866,17 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
   @iterations.setter
   def iterations(self, variable):
-    try:
+    # Keras 3 optimizers count steps in a variable of their own, created with
+    # them; Keras < 3.5 let the attribute be rebound, which would leave the
+    # counter the optimizer tracks and saves behind: refused on every Keras 3.
+    if not isinstance(self._optimizer, keras.optimizers.Optimizer):
       self._optimizer.iterations = variable
-    except AttributeError as e:
-      raise AttributeError(
-        f"The inner {type(self._optimizer).__name__} (a Keras 3 optimizer) cannot be given a "
-        "new `iterations` variable; assign a value instead: "
-        "`opt.iterations.assign(value)`."
-      ) from e
+      return
+    raise AttributeError(
+      f"The inner {type(self._optimizer).__name__} (a Keras 3 optimizer) cannot be given a "
+      "new `iterations` variable; assign a value instead: "
+      "`opt.iterations.assign(value)`."
+    )
 
   learning_rate = _inner_property("learning_rate")
   lr = learning_rate
@@ -946,18 +950,18 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
   def comparable_config(self) -> dict[str, Any]:
     """`get_config()` without the inner optimizer's automatic name.
 
-    Keras 3 names each default optimizer uniquely (`sgd`, `sgd_1`, ...), so
-    two freshly built, identically configured optimizers have different
-    configs. This config drops the inner `name` when it is such an automatic
-    name, so equal configurations compare equal. Names you chose are kept.
+    Keras 3.15 and later name each default optimizer uniquely (`sgd`,
+    `sgd_1`, ...), so two freshly built, identically configured optimizers
+    have different configs. This config drops the inner `name` when it is
+    such an automatic name (or, before Keras 3.15, the class's default name),
+    so equal configurations compare equal on every Keras. Names you chose are
+    kept.
 
     Returns:
       A dict, `get_config()` possibly without `inner_optimizer.config.name`.
 
     >>> opt1 = LossScaleOptimizer(tf.keras.optimizers.SGD())
     >>> opt2 = LossScaleOptimizer(tf.keras.optimizers.SGD())
-    >>> opt1.get_config() == opt2.get_config()
-    False
     >>> opt1.comparable_config() == opt2.comparable_config()
     True
     """

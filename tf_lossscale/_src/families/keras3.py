@@ -15,6 +15,7 @@ it applies those reduced gradients through the inner optimizer, the inner
 optimizer's reduction passes them through (`framework_internals.keras3_reduce_once`).
 """
 
+import inspect
 import numbers
 import re
 import threading
@@ -226,6 +227,11 @@ class Keras3Family(base.Family):
     return keras.optimizers.serialize(self.inner)
 
   def has_automatic_name(self):
+    # Keras <= 3.14 gives every optimizer of a class the same default name, the
+    # constructor's (`SGD`, `adamw`); later Keras a unique one (`sgd`, `sgd_1`).
+    name = inspect.signature(type(self.inner).__init__).parameters.get("name")
+    if name is not None and isinstance(name.default, str):
+      return self.inner.name == name.default
     automatic = re.escape(_snake_case(type(self.inner).__name__))
     return re.fullmatch(f"{automatic}(_[0-9]+)?", self.inner.name) is not None
 
