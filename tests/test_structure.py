@@ -128,7 +128,7 @@ def test_a_family_missing_a_hook_fails_when_it_is_defined():
     class HalfAFamily(families.Family):  # noqa: F841
       optimizer_api = object
 
-      def count_skipped_step(self):
+      def count_skipped_step(self, skipped):
         pass
 
 

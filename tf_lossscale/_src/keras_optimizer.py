@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from tf_lossscale._src import families, framework_internals, scale_state, validation
@@ -840,22 +841,26 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
   def _apply_cross_replica(self, strategy, grads, wrapped_vars, name, in_sync, inner_aggregates):
     def apply_fn():
-      return strategy.extended.call_for_each_replica(
+      results = strategy.extended.call_for_each_replica(
         lambda g, v: self._adapter.apply(g, v.value, name, inner_aggregates),
         args=(grads, wrapped_vars),
       )
+      return tf.group(*[op for op in tf.nest.flatten(results) if op is not None])
 
     if not self.dynamic:
-      return tf.group(*[op for op in tf.nest.flatten(apply_fn()) if op is not None])
+      return apply_fn()
     # The cond runs in cross-replica context: the inner optimizer's apply
     # calls merge_call, which a cond in replica context cannot contain.
-    update_op, _ = self._state.update(
-      grads,
-      grads_in_sync=in_sync,
-      apply_fn=apply_fn,
-      skip_fn=self._adapter.count_skipped_step,
+    update_op, finite = self._state.update(
+      grads, grads_in_sync=in_sync, apply_fn=apply_fn, skip_fn=tf.no_op
     )
-    return update_op
+    # After the apply (which counts an applied step itself), on every step:
+    # see `Family.count_skipped_step`.
+    with tf.control_dependencies([] if update_op is None else [update_op]):
+      count_op = self._adapter.count_skipped_step(tf.logical_not(finite))
+    if update_op is None:
+      return None
+    return update_op if count_op is None else tf.group(update_op, count_op)
 
   # --- Delegation to the inner optimizer -----------------------------------
 

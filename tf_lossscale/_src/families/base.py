@@ -175,9 +175,14 @@ class Family(abc.ABC):
     return list(zip(tape.gradient(loss, var_list, grad_loss), var_list, strict=True))
 
   @abc.abstractmethod
-  def count_skipped_step(self):
-    """Counts a skipped step in the inner optimizer's step counter; returns
-    an op or None."""
+  def count_skipped_step(self, skipped):
+    """Adds `skipped` (a scalar bool tensor: this step was skipped) to the
+    inner optimizer's step counter; returns an op or None.
+
+    Runs on every step, after the conditional apply, never inside it: under
+    XLA a conditional whose skip branch writes a variable compiles as a
+    select per variable and slot of the apply (several times the compile
+    time); an unconditional add of 0 or 1 compiles to one instruction."""
 
   # --- Hyperparameters, config ---------------------------------------------------
 

@@ -206,13 +206,14 @@ class Keras3Family(base.Family):
     finally:
       applying.discard(id(self.inner))
 
-  def count_skipped_step(self):
+  def count_skipped_step(self, skipped):
     if getattr(self.inner, "gradient_accumulation_steps", None):
       # The counter also places each micro-step in its accumulation window:
       # a skipped micro-step is dropped, not counted, so the window still
       # averages that many finite micro-batches (as Keras 3's own wrapper).
       return
-    framework_internals.keras3_step_counter(self.inner).assign_add(1)
+    counter = framework_internals.keras3_step_counter(self.inner)
+    counter.assign_add(tf.cast(skipped, counter.dtype))
 
   def hyperparameter_names(self):
     return base.tf24_hyperparameters(self.inner, keras.optimizers)

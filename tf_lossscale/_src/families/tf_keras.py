@@ -108,8 +108,9 @@ class TfKerasFamily(base.Family):
     # Its result, the iterations variable, cannot leave a cond branch.
     self.inner.apply_gradients(list(zip(grads, variables, strict=True)), **kwargs)
 
-  def count_skipped_step(self):
-    self.inner.iterations.assign_add(1)
+  def count_skipped_step(self, skipped):
+    counter = self.inner.iterations
+    counter.assign_add(tf.cast(skipped, counter.dtype))
 
   def hyperparameter_names(self):
     return base.tf24_hyperparameters(self.inner, tf_keras.optimizers)

@@ -180,8 +180,9 @@ class OptimizerV2Family(base.Family):
       experimental_aggregate_gradients=aggregate,
     )
 
-  def count_skipped_step(self):
-    return self.inner.iterations.assign_add(1, read_value=False)
+  def count_skipped_step(self, skipped):
+    counter = self.inner.iterations
+    return counter.assign_add(tf.cast(skipped, counter.dtype), read_value=False)
 
   def hyperparameter_names(self):
     return framework_internals.v2_hyperparameter_names(self.inner)
