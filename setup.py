@@ -16,7 +16,9 @@ setup(
   ),
   long_description=(HERE / "README.md").read_text(encoding="utf-8"),
   long_description_content_type="text/markdown",
-  packages=find_packages(include=["tf_lossscale", "tf_lossscale.*"]),
+  # tf_lossscale_upgrade: the migration tool, a package of its own so that it
+  # never imports TensorFlow (tf_lossscale.upgrade re-exports it).
+  packages=find_packages(include=["tf_lossscale", "tf_lossscale.*", "tf_lossscale_upgrade"]),
   python_requires=">=3.10",
   install_requires=["tensorflow>=2.16", "numpy", "absl-py"],
   extras_require={
@@ -40,7 +42,7 @@ setup(
     "docs": ["pdoc"],
   },
   entry_points={
-    "console_scripts": ["tf-lossscale-upgrade = tf_lossscale.upgrade:main"],
+    "console_scripts": ["tf-lossscale-upgrade = tf_lossscale_upgrade:main"],
   },
   license="Apache-2.0",
   classifiers=[

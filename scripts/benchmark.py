@@ -1,13 +1,15 @@
 """Times one training step with loss scaling: tf_lossscale against its peers.
 
-For every workload and execution mode, three optimizer families are timed in
-the same process, interleaved round by round:
+For every workload, execution mode and kind of inner optimizer (`--optimizer`:
+SGD with momentum 0.9 and Adam by default, plain SGD on request), three
+optimizer families are timed in the same process, interleaved round by round:
 
-* keras3: `keras.optimizers.SGD` plain, wrapped in Keras 3's own
+* keras3: `keras.optimizers.SGD` / `Adam` plain, wrapped in Keras 3's own
   `keras.mixed_precision.LossScaleOptimizer` (peer) and in ours.
-* tf_keras: `tf_keras.optimizers.legacy.SGD` plain, wrapped in tf_keras's
-  `tf_keras.mixed_precision.LossScaleOptimizer` (peer) and in ours.
-* v1: `tf.compat.v1.train.GradientDescentOptimizer` plain, wrapped in TF's
+* tf_keras: `tf_keras.optimizers.legacy.SGD` / `Adam` plain, wrapped in
+  tf_keras's `tf_keras.mixed_precision.LossScaleOptimizer` (peer) and in ours.
+* v1: `tf.compat.v1.train.GradientDescentOptimizer` / `MomentumOptimizer` /
+  `AdamOptimizer` plain, wrapped in TF's
   `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer` (peer) and in
   ours.
 
@@ -17,6 +19,13 @@ of loss scaling is a step's median time divided by the plain optimizer's.
 Two lower bounds are timed beside them: `floor` (a constant scale, the
 unscale and one read of every gradient) and `floor+cond` (the same with the
 apply in a conditional, which an exact skip needs; eagerly a Python `if`).
+
+With `--fit`, real models are also trained with `fit` under the
+`mixed_float16` policy (a ResNet-style CNN, a Transformer encoder): Keras 3's
+`compile`, which wraps the optimizer in its own LossScaleOptimizer (peer),
+against ours; tf_keras's `compile`, which wraps an OptimizerV2 in tf_keras's
+(peer), against ours. Each framework's defaults: Keras 3 compiles the train
+step with XLA where it can, tf_keras does not.
 
 Prints markdown tables and, with `--json PATH`, writes every measurement.
 Configurations that fail (or are not implemented yet) are reported, not fatal.
@@ -42,6 +51,7 @@ import tensorflow as tf  # noqa: E402
 
 MODES = ("function", "eager", "xla", "graph")
 FAMILIES = ("keras3", "tf_keras", "v1")
+OPTIMIZERS = ("sgd", "momentum", "adam")  # SGD with momentum 0.9 for "momentum".
 IMPLS = ("plain", "floor", "gated", "peer", "ours")
 FLOORS = ("floor", "gated")  # Lower bounds (see _floor_grads).
 PEER_NAMES = {
@@ -51,6 +61,7 @@ PEER_NAMES = {
 }
 QUICK = {
   "workloads": "mlp1m,vars100",
+  "fit": "",
   "modes": "function,eager,xla,graph",
   "skip": "vars100:eager,vars100:xla",
   "rounds": 5,
@@ -58,6 +69,7 @@ QUICK = {
 }
 FULL = {
   "workloads": "mlp1m,mlp16m,vars500,cnn",
+  "fit": "resnet,transformer",
   "modes": ",".join(MODES),
   "skip": "",
   "rounds": 9,
@@ -156,20 +168,124 @@ class NotApplicable(Exception):
   """A configuration that this benchmark does not run, with the reason."""
 
 
+# Real models trained with `fit` under mixed_float16. `K` is the framework's
+# module (keras or tf_keras): both have these layers.
+
+
+def _resnet(K, blocks=(16, 32, 64)):
+  """A small ResNet: a stem, two residual blocks per width, 10 classes."""
+  layers = K.layers
+  inputs = K.Input((32, 32, 3))
+  x = layers.Conv2D(blocks[0], 3, padding="same", use_bias=False)(inputs)
+  x = layers.ReLU()(layers.BatchNormalization()(x))
+  for i, width in enumerate(blocks):
+    for j in range(2):
+      stride = 2 if i > 0 and j == 0 else 1
+      shortcut = x
+      y = layers.Conv2D(width, 3, strides=stride, padding="same", use_bias=False)(x)
+      y = layers.ReLU()(layers.BatchNormalization()(y))
+      y = layers.Conv2D(width, 3, padding="same", use_bias=False)(y)
+      y = layers.BatchNormalization()(y)
+      if stride != 1 or shortcut.shape[-1] != width:
+        shortcut = layers.Conv2D(width, 1, strides=stride, use_bias=False)(shortcut)
+        shortcut = layers.BatchNormalization()(shortcut)
+      x = layers.ReLU()(layers.Add()([y, shortcut]))
+  x = layers.GlobalAveragePooling2D()(x)
+  outputs = layers.Dense(10, dtype="float32")(x)  # Logits in float32, as mixed precision advises.
+  return K.Model(inputs, outputs)
+
+
+def _transformer(K, depth=8, width=64, heads=4, length=32, vocab=1000):
+  """A Transformer encoder classifying token sequences (16 variables a layer)."""
+  layers = K.layers
+  inputs = K.Input((length,), dtype="int32")
+  x = layers.Embedding(vocab, width)(inputs)
+  for _ in range(depth):
+    attention = layers.MultiHeadAttention(heads, width // heads)(x, x)
+    x = layers.LayerNormalization()(layers.Add()([x, attention]))
+    hidden = layers.Dense(2 * width, activation="relu")(x)
+    x = layers.LayerNormalization()(layers.Add()([x, layers.Dense(width)(hidden)]))
+  x = layers.GlobalAveragePooling1D()(x)
+  outputs = layers.Dense(10, dtype="float32")(x)
+  return K.Model(inputs, outputs)
+
+
+def _tiny_model(K):
+  inputs = K.Input((8,))
+  return K.Model(inputs, K.layers.Dense(10, dtype="float32")(K.layers.Dense(8)(inputs)))
+
+
+def _features(batch):
+  return np.random.default_rng(0).normal(size=(batch, 8)).astype(np.float32)
+
+
+def _images(batch):
+  rng = np.random.default_rng(0)
+  return rng.normal(size=(batch, 32, 32, 3)).astype(np.float32)
+
+
+def _tokens(batch):
+  return np.random.default_rng(0).integers(0, 1000, (batch, 32)).astype(np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitWorkload:
+  name: str
+  description: str
+  build: object  # build(K) -> an uncompiled model.
+  inputs: object  # inputs(count) -> numpy inputs.
+  batch: int
+  steps: int  # Steps per epoch.
+
+
+FIT_WORKLOADS = {
+  w.name: w
+  for w in (
+    FitWorkload(
+      "resnet",
+      "ResNet-style CNN (3 widths x 2 residual blocks, 16-64 filters), 32x32x3, batch 32",
+      _resnet,
+      _images,
+      32,
+      8,
+    ),
+    FitWorkload(
+      "transformer",
+      "Transformer encoder, 8 layers of width 64, 4 heads, 32 tokens, batch 32",
+      _transformer,
+      _tokens,
+      32,
+      8,
+    ),
+    FitWorkload("tinyfit", "MLP 8-8-10, batch 4 (for smoke tests)", _tiny_model, _features, 4, 2),
+  )
+}
+FIT_FAMILIES = ("keras3", "tf_keras")
+FIT_PEERS = {
+  "keras3": "Keras 3 compile's own LSO",
+  "tf_keras": "tf_keras compile's own LSO",
+}
+
+
 # Optimizers.
+
+
+_MOMENTUM = 0.9
 
 
 def _inner(family, optimizer, lr):
   import keras
   import tf_keras
 
-  if family == "keras3":
-    return {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam}[optimizer](lr)
-  if family == "tf_keras":
-    legacy = tf_keras.optimizers.legacy
-    return {"sgd": legacy.SGD, "adam": legacy.Adam}[optimizer](lr)
-  v1 = tf.compat.v1.train
-  return {"sgd": v1.GradientDescentOptimizer, "adam": v1.AdamOptimizer}[optimizer](lr)
+  if family == "v1":
+    v1 = tf.compat.v1.train
+    if optimizer == "momentum":
+      return v1.MomentumOptimizer(lr, _MOMENTUM)
+    return {"sgd": v1.GradientDescentOptimizer, "adam": v1.AdamOptimizer}[optimizer](lr)
+  classes = keras.optimizers if family == "keras3" else tf_keras.optimizers.legacy
+  if optimizer == "adam":
+    return classes.Adam(lr)
+  return classes.SGD(lr, momentum=_MOMENTUM if optimizer == "momentum" else 0.0)
 
 
 def _make_optimizer(family, impl, optimizer, lr):
@@ -324,6 +440,7 @@ class Config:
   mode: str
   family: str
   impl: str
+  optimizer: str = "sgd"
   status: str = "ok"  # ok, n/a, fail
   reason: str = ""
   clock: str = "wall"
@@ -360,7 +477,7 @@ class Config:
 
 def _prepare(cfg, args, variables, loss_fn):
   """Builds cfg.run for tf.function, eager and XLA modes."""
-  opt = _make_optimizer(cfg.family, cfg.impl, args.optimizer, args.lr)
+  opt = _make_optimizer(cfg.family, cfg.impl, cfg.optimizer, args.lr)
   if cfg.family == "keras3" and hasattr(opt, "build"):
     opt.build(variables)  # Keras 3 creates its variables up front.
   step = _make_step(cfg.family, cfg.impl, opt, variables, loss_fn)
@@ -376,7 +493,7 @@ def _prepare_graph(cfg, args, workload):
   graph = tf.Graph()
   with graph.as_default():
     variables, loss_fn = workload.build()
-    opt = _make_optimizer(cfg.family, cfg.impl, args.optimizer, args.lr)
+    opt = _make_optimizer(cfg.family, cfg.impl, cfg.optimizer, args.lr)
     if cfg.impl in FLOORS:
       train_op = _floor_v1(cfg.impl, opt, variables, loss_fn, tensor_loss=True)
     else:
@@ -387,16 +504,127 @@ def _prepare_graph(cfg, args, workload):
   cfg.run = lambda: session.run(train_op)
 
 
+class _Policy:
+  """The framework's global dtype policy set to `name` inside the block."""
+
+  def __init__(self, K, name):
+    self.K, self.name = K, name
+
+  def __enter__(self):
+    self.previous = self.K.mixed_precision.global_policy().name
+    self.K.mixed_precision.set_global_policy(self.name)
+
+  def __exit__(self, *exc):
+    self.K.mixed_precision.set_global_policy(self.previous)
+
+
+def _fit_framework(family):
+  import keras
+  import tf_keras
+
+  return keras if family == "keras3" else tf_keras
+
+
+def compiled_fit_model(family, impl, optimizer, lr, workload):
+  """The workload's model of `family`'s framework, compiled under
+  mixed_float16 with that framework's automatic wrapping (`impl` "peer") or
+  with ours."""
+  K = _fit_framework(family)
+  with _Policy(K, "mixed_float16"):
+    K.utils.set_random_seed(0)
+    model = workload.build(K)
+    # OptimizerV2 for tf_keras: the optimizers of TF 2.4, which ours wraps.
+    inner = _inner(family, optimizer, lr)
+    if impl == "ours":
+      from tf_lossscale.keras.mixed_precision import LossScaleOptimizer
+
+      inner = LossScaleOptimizer(inner)  # compile keeps it.
+    model.compile(optimizer=inner, loss=K.losses.SparseCategoricalCrossentropy(from_logits=True))
+  wrapped = type(model.optimizer).__name__
+  if "LossScale" not in wrapped:
+    raise NotApplicable(f"compile did not wrap the optimizer ({wrapped})")
+  return model
+
+
+def _prepare_fit(cfg, args, workload):
+  """Builds cfg.run as one epoch of `fit` (see `compiled_fit_model`)."""
+  model = compiled_fit_model(cfg.family, cfg.impl, cfg.optimizer, args.lr, workload)
+  count = workload.batch * workload.steps
+  x = workload.inputs(count)
+  y = np.random.default_rng(1).integers(0, 10, count).astype(np.int32)
+
+  def epoch():
+    model.fit(x, y, batch_size=workload.batch, epochs=1, shuffle=False, verbose=0)
+
+  cfg.run = epoch
+  cfg.steps_per_block = 1
+
+
+def run_fit_workload(workload, optimizer, args, log):
+  """Times one epoch of `fit` per family x (peer, ours), interleaved; the
+  first epoch (trace, compile, steps) apart. Times are per step."""
+  configs = [
+    Config(workload.name, "fit", f, i, optimizer=optimizer, clock=args.clock)
+    for f in args.families
+    if f in FIT_FAMILIES
+    for i in ("peer", "ours")
+  ]
+  for cfg in configs:
+    try:
+      _prepare_fit(cfg, args, workload)
+      cfg.first_call_s = _timed(cfg.run)
+      log(f"  {cfg.family:8s} {cfg.impl:5s} first epoch {cfg.first_call_s:7.2f}s")
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+      cfg.fail(exc)
+      log(f"  {cfg.family:8s} {cfg.impl:5s} {cfg.status}: {cfg.reason}")
+      if args.verbose and cfg.status == "fail":
+        traceback.print_exc()
+  _measure([c for c in configs if c.run is not None], args, per=workload.steps)
+  for cfg in configs:
+    cfg.run = None
+  return configs
+
+
+def _measure(live, args, per=None):
+  """Runs `args.rounds` rounds of every config's block, in a new random
+  order each round; records the time per step and the peak memory."""
+  memory = PeakMemory()
+  order = random.Random(0)
+  for _ in range(args.rounds):
+    order.shuffle(live)
+    for cfg in live:
+      memory.start()
+      cpu_start = time.process_time()
+      try:
+        elapsed = _timed(lambda cfg=cfg: [cfg.run() for _ in range(cfg.steps_per_block)])
+      except Exception as exc:  # noqa: BLE001 - reported in the table
+        cfg.fail(exc)
+        continue
+      cpu = time.process_time() - cpu_start
+      peak = memory.stop()
+      if peak is not None:
+        cfg.peak_mib = max(cfg.peak_mib or 0.0, peak)
+      steps = cfg.steps_per_block * (per or 1)
+      cfg.wall_ms.append(elapsed / steps * 1e3)
+      cfg.cpu_ms.append(cpu / steps * 1e3)
+    live = [c for c in live if c.run is not None]
+
+
 def _timed(fn):
   start = time.perf_counter()
   fn()
   return time.perf_counter() - start
 
 
-def run_workload_mode(workload, mode, args, log):
-  """Measures every family x impl of one workload in one mode, interleaved."""
+def run_workload_mode(workload, mode, optimizer, args, log):
+  """Measures every family x impl of one workload in one mode with one kind of
+  inner optimizer, interleaved."""
   families = [f for f in args.families if mode != "graph" or f == "v1"]
-  configs = [Config(workload.name, mode, f, i, clock=args.clock) for f in families for i in IMPLS]
+  configs = [
+    Config(workload.name, mode, f, i, optimizer=optimizer, clock=args.clock)
+    for f in families
+    for i in IMPLS
+  ]
   if mode != "graph":
     try:
       variables, loss_fn = workload.build()
@@ -423,26 +651,7 @@ def run_workload_mode(workload, mode, args, log):
       log(f"  {cfg.family:8s} {cfg.impl:5s} {cfg.status}: {cfg.reason}")
       if args.verbose and cfg.status == "fail":
         traceback.print_exc()
-  live = [c for c in configs if c.run is not None]
-  memory = PeakMemory()
-  order = random.Random(0)
-  for _ in range(args.rounds):
-    order.shuffle(live)
-    for cfg in live:
-      memory.start()
-      cpu_start = time.process_time()
-      try:
-        elapsed = _timed(lambda cfg=cfg: [cfg.run() for _ in range(cfg.steps_per_block)])
-      except Exception as exc:  # noqa: BLE001 - reported in the table
-        cfg.fail(exc)
-        continue
-      cpu = time.process_time() - cpu_start
-      peak = memory.stop()
-      if peak is not None:
-        cfg.peak_mib = max(cfg.peak_mib or 0.0, peak)
-      cfg.wall_ms.append(elapsed / cfg.steps_per_block * 1e3)
-      cfg.cpu_ms.append(cpu / cfg.steps_per_block * 1e3)
-    live = [c for c in live if c.run is not None]
+  _measure([c for c in configs if c.run is not None], args)
   for cfg in configs:
     cfg.run = None
   return configs
@@ -451,9 +660,9 @@ def run_workload_mode(workload, mode, args, log):
 # Report.
 
 
-def _find(configs, workload, mode, family, impl):
+def _find(configs, row, family, impl):
   for c in configs:
-    if (c.workload, c.mode, c.family, c.impl) == (workload, mode, family, impl):
+    if (c.workload, c.optimizer, c.mode, c.family, c.impl) == (*row, family, impl):
       return c
   return None
 
@@ -496,12 +705,17 @@ def _overhead(cfg, plain):
   return cfg.median_ms / plain.median_ms - 1
 
 
-def _pairs(configs):
+def _rows(configs):
+  """The (workload, optimizer, mode) rows, in the order they were run."""
   seen = []
   for c in configs:
-    if (c.workload, c.mode) not in seen:
-      seen.append((c.workload, c.mode))
+    if (c.workload, c.optimizer, c.mode) not in seen:
+      seen.append((c.workload, c.optimizer, c.mode))
   return seen
+
+
+def _label(row):
+  return " · ".join(row)
 
 
 def _verdict(peers, ours, floors):
@@ -528,16 +742,16 @@ def summary_table(configs, families, notes):
   The floor columns are the lowest floor/plain and floor+cond/plain of the
   families (see `_floor_grads`); the last column is `_verdict`.
   """
-  head = ["workload · mode"]
+  head = ["workload · optimizer · mode"]
   for f in families:
     head += [f"{PEER_NAMES[f]}", f"ours ({f})"]
   head += ["floor", "floor+cond", "ours ≤ ½ best peer"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for workload, mode in _pairs(configs):
-    row = [f"{workload} · {mode}"]
+  for key in _rows(configs):
+    row = [_label(key)]
     peers, ours, floors = [], {}, {}
     for f in families:
-      found = {i: _find(configs, workload, mode, f, i) for i in IMPLS}
+      found = {i: _find(configs, key, f, i) for i in IMPLS}
       plain = found["plain"]
       row += [_ratio(found["peer"], plain, notes), _ratio(found["ours"], plain, notes)]
       if plain is None:
@@ -555,7 +769,7 @@ def summary_table(configs, families, notes):
 
 def detail_table(configs, families, memory_kind, notes):
   head = [
-    "workload · mode · family",
+    "workload · optimizer · mode · family",
     "plain ms",
     "floor ms",
     "floor+cond ms",
@@ -568,25 +782,53 @@ def detail_table(configs, families, memory_kind, notes):
   ]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
-  def num(cfgs, attr, fmt):
-    out = []
-    for c in cfgs:
-      value = getattr(c, attr) if c is not None and c.status == "ok" else None
-      out.append("-" if value is None else format(value, fmt))
-    return "/".join(out)
-
-  for workload, mode in _pairs(configs):
+  for key in _rows(configs):
     for f in families:
-      plain, floor, gated, peer, ours = (_find(configs, workload, mode, f, i) for i in IMPLS)
+      plain, floor, gated, peer, ours = (_find(configs, key, f, i) for i in IMPLS)
       if plain is None:
         continue
-      cells = [f"{workload} · {mode} · {f}", _ms(plain, notes)]
+      cells = [f"{_label(key)} · {f}", _ms(plain, notes)]
       cells += [_ms(floor, notes), _ms(gated, notes), _ms(peer, notes), _ms(ours, notes)]
       cells += [_ratio(ours, plain, notes), _ratio(ours, peer, notes)]
       cells += [
-        num((plain, peer, ours), "first_call_s", ".2f"),
-        num((plain, peer, ours), "peak_mib", ".0f"),
+        _num((plain, peer, ours), "first_call_s", ".2f"),
+        _num((plain, peer, ours), "peak_mib", ".0f"),
       ]
+      lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def _num(cfgs, attr, fmt):
+  out = []
+  for c in cfgs:
+    value = getattr(c, attr) if c is not None and c.status == "ok" else None
+    out.append("-" if value is None else format(value, fmt))
+  return "/".join(out)
+
+
+def fit_table(configs, memory_kind, notes):
+  """`fit` under mixed_float16: ours against the framework's own wrapping."""
+  head = [
+    "model · optimizer · family",
+    "peer ms/step",
+    "ours ms/step",
+    "ours/peer",
+    "first epoch s (peer/ours)",
+    "first epoch ours - peer s",
+    f"peak MiB, {memory_kind} (peer/ours)",
+  ]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for key in _rows(configs):
+    for f in FIT_FAMILIES:
+      peer, ours = (_find(configs, key, f, i) for i in ("peer", "ours"))
+      if peer is None:
+        continue
+      extra = "-"
+      if peer.status == ours.status == "ok":
+        extra = f"{ours.first_call_s - peer.first_call_s:+.2f}"
+      cells = [f"{key[0]} · {key[1]} · {f}", _ms(peer, notes), _ms(ours, notes)]
+      cells += [_ratio(ours, peer, notes), _num((peer, ours), "first_call_s", ".2f"), extra]
+      cells.append(_num((peer, ours), "peak_mib", ".0f"))
       lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
@@ -618,6 +860,17 @@ def parse_args(argv):
   )
   parser.add_argument("--modes", help=f"comma-separated, from {','.join(MODES)}; default all")
   parser.add_argument(
+    "--fit",
+    help=f"models trained with fit under mixed_float16, comma-separated, from "
+    f"{','.join(FIT_WORKLOADS)}; default {FULL['fit']} when neither --workloads nor --modes "
+    "is given, else none (none with --quick)",
+  )
+  parser.add_argument(
+    "--fit-optimizer",
+    default="adam",
+    help=f"the inner optimizers of the fit runs, from {','.join(OPTIMIZERS)}; default %(default)s",
+  )
+  parser.add_argument(
     "--families", default=",".join(FAMILIES), help="comma-separated, from %(default)s"
   )
   parser.add_argument(
@@ -635,7 +888,12 @@ def parse_args(argv):
     help="what the tables compare: wall time, or the process's CPU time (all threads), "
     "steadier on a machine shared with other work; the JSON holds both",
   )
-  parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+  parser.add_argument(
+    "--optimizer",
+    default="momentum,adam",
+    help=f"comma-separated inner optimizers, from {','.join(OPTIMIZERS)} "
+    "(momentum: SGD with momentum 0.9); default %(default)s",
+  )
   parser.add_argument("--lr", type=float, default=1e-4)
   parser.add_argument(
     "--json", help="write all measurements to this file (rewritten as each workload x mode ends)"
@@ -647,14 +905,26 @@ def parse_args(argv):
   parser.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
   args = parser.parse_args(argv)
   defaults = QUICK if args.quick else FULL
+  if args.workloads is not None or args.modes is not None:
+    defaults = {**defaults, "fit": ""}  # A chosen part of the matrix: no fit unless asked.
   for key, value in defaults.items():
     if getattr(args, key) is None:
       setattr(args, key, value)
   args.workloads = [w for w in args.workloads.split(",") if w]
   args.modes = [m for m in args.modes.split(",") if m]
   args.families = [f for f in args.families.split(",") if f]
+  args.optimizer = [o for o in args.optimizer.split(",") if o]
+  args.fit = [w for w in args.fit.split(",") if w]
+  args.fit_optimizer = [o for o in args.fit_optimizer.split(",") if o]
   args.skip = {tuple(s.split(":")) for s in args.skip.split(",") if s}
-  for name, allowed in (("workloads", WORKLOADS), ("modes", MODES), ("families", FAMILIES)):
+  for name, allowed in (
+    ("workloads", WORKLOADS),
+    ("modes", MODES),
+    ("families", FAMILIES),
+    ("optimizer", OPTIMIZERS),
+    ("fit", FIT_WORKLOADS),
+    ("fit_optimizer", OPTIMIZERS),
+  ):
     unknown = set(getattr(args, name)) - set(allowed)
     if unknown:
       parser.error(f"unknown {name}: {sorted(unknown)}; allowed: {list(allowed)}")
@@ -674,26 +944,20 @@ def _results(args, configs, seconds, complete):
       "seconds": round(seconds, 1),
       "args": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()},
       "workloads": {n: WORKLOADS[n].description for n in args.workloads},
+      "fit": {n: FIT_WORKLOADS[n].description for n in args.fit},
     },
     "results": [c.to_json() for c in configs],
   }
 
 
-def print_tables(results, out):
-  """Prints the markdown tables of a run's results (as `main` returns them)."""
-  meta = results["meta"]
+def _print_step_tables(configs, meta, notes, out):
   args = meta["args"]
-  configs = []
-  for row in results["results"]:
-    row = {k: v for k, v in row.items() if k != "median_ms"}
-    configs.append(Config(**{**row, "clock": args["clock"]}))
   families = [f for f in FAMILIES if any(c.family == f for c in configs)]
   print(
     f"\nStep time of each LSO / the same optimizer's plain step (median of {args['rounds']} "
-    f"interleaved rounds, {args['optimizer']}, {args['clock']} clock):\n",
+    f"interleaved rounds, {args['clock']} clock; momentum: SGD with momentum 0.9):\n",
     file=out,
   )
-  notes = Notes()
   print(summary_table(configs, families, notes), file=out)
   other = "cpu" if args["clock"] == "wall" else "wall"
   for cfg in configs:
@@ -707,6 +971,30 @@ def print_tables(results, out):
     file=out,
   )
   print(detail_table(configs, families, meta["memory"], notes), file=out)
+
+
+def print_tables(results, out):
+  """Prints the markdown tables of a run's results (as `main` returns them)."""
+  meta = results["meta"]
+  args = meta["args"]
+  configs = []
+  for row in results["results"]:
+    row = {k: v for k, v in row.items() if k != "median_ms"}
+    # Runs from before `--optimizer` took a list had one optimizer for all rows.
+    row.setdefault("optimizer", args["optimizer"])
+    configs.append(Config(**{**row, "clock": args["clock"]}))
+  fits = [c for c in configs if c.mode == "fit"]
+  configs = [c for c in configs if c.mode != "fit"]
+  notes = Notes()
+  if configs:
+    _print_step_tables(configs, meta, notes, out)
+  if fits:
+    print(
+      f"\nfit under mixed_float16 (median of {args['rounds']} interleaved epochs, time per step,"
+      f" {args['clock']} clock; first epoch: trace, compile and the epoch's steps):\n",
+      file=out,
+    )
+    print(fit_table(fits, meta["memory"], notes), file=out)
   if notes.reasons:
     print("\n" + notes.text(), file=out)
   versions = meta["versions"]
@@ -742,8 +1030,14 @@ def main(argv=None, out=sys.stdout):
     for mode in args.modes:
       if (name, mode) in args.skip:
         continue
-      log(f"{name} · {mode}")
-      configs += run_workload_mode(WORKLOADS[name], mode, args, log)
+      for optimizer in args.optimizer:
+        log(f"{name} · {optimizer} · {mode}")
+        configs += run_workload_mode(WORKLOADS[name], mode, optimizer, args, log)
+        save(_results(args, configs, time.perf_counter() - start, complete=False))
+  for name in args.fit:
+    for optimizer in args.fit_optimizer:
+      log(f"{name} · {optimizer} · fit")
+      configs += run_fit_workload(FIT_WORKLOADS[name], optimizer, args, log)
       save(_results(args, configs, time.perf_counter() - start, complete=False))
   results = _results(args, configs, time.perf_counter() - start, complete=True)
   save(results)

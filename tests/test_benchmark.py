@@ -34,14 +34,18 @@ def test_tiny_run_reports_every_config_in_json_and_markdown(benchmark, tmp_path)
       "--rounds=2",
       "--block-seconds=0",
       f"--json={path}",
+      "--optimizer=sgd,momentum,adam",
     ],
     out=out,
   )
   data = json.loads(path.read_text())
   assert set(data["meta"]) >= {"date", "versions", "args", "memory", "workloads"}
-  rows = {(r["mode"], r["family"], r["impl"]): r for r in data["results"]}
-  expected = {("eager", f, i) for f in benchmark.FAMILIES for i in benchmark.IMPLS}
-  expected |= {("graph", "v1", i) for i in benchmark.IMPLS}  # TF1 Sessions: v1 optimizers only
+  rows = {(r["optimizer"], r["mode"], r["family"], r["impl"]): r for r in data["results"]}
+  expected = set()
+  for o in benchmark.OPTIMIZERS:
+    expected |= {(o, "eager", f, i) for f in benchmark.FAMILIES for i in benchmark.IMPLS}
+    # TF1 Sessions: v1 optimizers only.
+    expected |= {(o, "graph", "v1", i) for i in benchmark.IMPLS}
   assert set(rows) == expected
   for key, row in rows.items():
     assert row["workload"] == "tiny"
@@ -54,16 +58,50 @@ def test_tiny_run_reports_every_config_in_json_and_markdown(benchmark, tmp_path)
   assert all(row["status"] == "ok" for row in rows.values()), rows  # Floors eagerly too.
 
   text = out.getvalue()
-  assert "| workload · mode | Keras 3 LSO | ours (keras3) |" in text
-  for mode in ("eager", "graph"):
-    assert f"| tiny · {mode} |" in text
-  assert "| tiny · graph · v1 |" in text
-  assert "| tiny · graph · keras3 |" not in text
+  assert "| workload · optimizer · mode | Keras 3 LSO | ours (keras3) |" in text
+  for o in benchmark.OPTIMIZERS:
+    for mode in ("eager", "graph"):
+      assert f"| tiny · {o} · {mode} |" in text
+    assert f"| tiny · {o} · graph · v1 |" in text
+    assert f"| tiny · {o} · graph · keras3 |" not in text
 
   # The tables can be printed again from the JSON alone.
   again = io.StringIO()
   benchmark.main([f"--from-json={path}"], out=again)
   assert again.getvalue() == text
+
+
+def test_fit_run_compares_ours_with_each_framework_s_own_wrapping(benchmark, tmp_path):
+  out = io.StringIO()
+  path = tmp_path / "fit.json"
+  argv = ["--workloads=", "--modes=", "--fit=tinyfit", "--rounds=2", f"--json={path}"]
+  benchmark.main(argv, out=out)
+  rows = {(r["family"], r["impl"]): r for r in json.loads(path.read_text())["results"]}
+  assert set(rows) == {(f, i) for f in benchmark.FIT_FAMILIES for i in ("peer", "ours")}
+  for key, row in rows.items():
+    assert row["status"] == "ok", (key, row["reason"])
+    assert (row["mode"], row["optimizer"]) == ("fit", "adam")
+    assert len(row["wall_ms"]) == 2 and row["first_call_s"] > 0, key
+  text = out.getvalue()
+  assert "| tinyfit · adam · keras3 |" in text and "| tinyfit · adam · tf_keras |" in text
+  assert "Step time of each LSO" not in text  # No step workload ran.
+  again = io.StringIO()
+  benchmark.main([f"--from-json={path}"], out=again)
+  assert again.getvalue() == text
+
+
+@pytest.mark.parametrize("family", ["keras3", "tf_keras"])
+@pytest.mark.parametrize("impl", ["peer", "ours"])
+def test_fit_models_are_mixed_float16_with_the_expected_wrapper(benchmark, family, impl):
+  workload = benchmark.FIT_WORKLOADS["tinyfit"]
+  model = benchmark.compiled_fit_model(family, impl, "adam", 0.01, workload)
+  module = type(model.optimizer).__module__
+  assert module.startswith("tf_lossscale") == (impl == "ours"), module
+  assert "LossScaleOptimizer" in type(model.optimizer).__name__
+  assert model.layers[1].compute_dtype == "float16"
+  assert model.layers[-1].compute_dtype == "float32"  # The logits.
+  framework = benchmark._fit_framework(family)  # pylint: disable=protected-access
+  assert framework.mixed_precision.global_policy().name == "float32"  # Restored.
 
 
 def _floors(floor, cond):
@@ -106,3 +144,38 @@ def test_unknown_workload_is_refused_with_the_allowed_names(benchmark, capsys):
   with pytest.raises(SystemExit):
     benchmark.parse_args(["--workloads=resnet"])
   assert "mlp1m" in capsys.readouterr().err
+
+
+def test_fit_runs_by_default_only_in_the_full_matrix(benchmark):
+  assert benchmark.parse_args([]).fit == ["resnet", "transformer"]
+  assert benchmark.parse_args(["--quick"]).fit == []
+  assert benchmark.parse_args(["--workloads=mlp1m"]).fit == []
+  assert benchmark.parse_args(["--modes=xla", "--fit=resnet"]).fit == ["resnet"]
+
+
+def test_momentum_and_adam_are_the_default_inner_optimizers(benchmark, capsys):
+  assert benchmark.parse_args([]).optimizer == ["momentum", "adam"]
+  assert benchmark.parse_args(["--optimizer=sgd"]).optimizer == ["sgd"]
+  with pytest.raises(SystemExit):
+    benchmark.parse_args(["--optimizer=rmsprop"])
+  assert "momentum" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["keras3", "tf_keras", "v1"])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
+def test_inner_optimizers_are_the_named_kind(benchmark, family, optimizer):
+  inner = benchmark._inner(family, optimizer, 0.5)  # pylint: disable=protected-access
+  name = type(inner).__name__
+  if family == "v1":
+    expected = {
+      "sgd": "GradientDescentOptimizer",
+      "momentum": "MomentumOptimizer",
+      "adam": "AdamOptimizer",
+    }
+    assert name == expected[optimizer]
+    return
+  assert name == ("Adam" if optimizer == "adam" else "SGD")
+  if optimizer != "adam":
+    momentum = inner.momentum
+    momentum = float(momentum.numpy() if hasattr(momentum, "numpy") else momentum)
+    assert momentum == pytest.approx(0.9 if optimizer == "momentum" else 0.0)

@@ -3,6 +3,8 @@
 import ast
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -24,9 +26,10 @@ def _build_calls():
   return calls
 
 
-def test_library_lists_every_module():
-  (library,) = [lib for lib in _build_calls()["py_library"] if lib["name"] == "tf_lossscale"]
-  on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tf_lossscale").rglob("*.py")}
+@pytest.mark.parametrize("package", ["tf_lossscale", "tf_lossscale_upgrade"])
+def test_library_lists_every_module(package):
+  (library,) = [lib for lib in _build_calls()["py_library"] if lib["name"] == package]
+  on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / package).rglob("*.py")}
   declared = set(library["srcs"])
   assert sorted(on_disk - declared) == [], "modules missing from BUILD's py_library srcs"
   assert sorted(declared - on_disk) == [], "BUILD lists modules that do not exist"

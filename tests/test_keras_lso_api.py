@@ -1,5 +1,6 @@
 """Keras LossScaleOptimizer: constructor, attributes, delegation, config, experimental, checkpoints."""
 
+import inspect
 import re
 
 import keras
@@ -531,3 +532,106 @@ def test_from_config_refuses_a_dynamic_loss_scale_whose_multiplier_is_not_2(cls)
   )
   with pytest.raises(ValueError, match="^" + re.escape(message)):
     cls.from_config(config)
+
+
+# --- Issue 16: classes called directly, minimize's hook, internals' fallbacks ----------
+
+
+@pytest.mark.parametrize("other", FAMILIES)
+def test_the_concrete_class_called_with_any_family_wraps_it(family, other):
+  """`type(opt)(inner)` is `LossScaleOptimizer(inner)`, whatever the inner's family."""
+  concrete = type(LSO(make_inner(family)))
+  inner = make_inner(other)
+  opt = concrete(inner, dynamic=False, initial_scale=4)
+  assert type(opt) is type(LSO(make_inner(other)))
+  assert opt.inner_optimizer is inner and float(opt.loss_scale) == 4.0
+
+
+def test_a_subclass_of_a_concrete_class_keeps_its_class_and_refuses_another_family(family):
+  cls = type("Sub", (type(LSO(make_inner(family))),), {})
+  opt = cls(inner_optimizer=make_inner(family), initial_scale=8)
+  assert type(opt) is cls and float(opt.loss_scale) == 8.0
+  other = "tf_keras" if family == "keras3" else "keras3"
+  with pytest.raises(TypeError, match="Sub subclasses the LossScaleOptimizer class of"):
+    cls(make_inner(other))
+
+
+def test_experimental_class_takes_its_arguments_as_keywords(family):
+  inner = make_inner(family)
+  opt = ExperimentalLSO(optimizer=inner, loss_scale=8)
+  assert isinstance(opt, ExperimentalLSO) and opt.inner_optimizer is inner
+  assert type(opt).from_config(opt.get_config()).initial_scale == 8.0
+
+
+def test_minimize_goes_through_compute_gradients(family):
+  """TF 2.4's OptimizerV2 path: `minimize` = `_compute_gradients` + `apply_gradients`."""
+  seen = []
+
+  class Recording(LSO):
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+      pairs = super()._compute_gradients(loss, var_list, grad_loss, tape)
+      seen.append([float(g) for g, _ in pairs])
+      return pairs
+
+  opt = Recording(make_inner(family, learning_rate=1.0), dynamic=False, initial_scale=4)
+  var = tf.Variable(1.0)
+  opt.minimize(lambda: 3.0 * var, var_list=[var])
+  assert seen == [[3.0]] and float(var.numpy()) == -2.0  # unscaled once
+
+
+def test_optimizer_v2_computes_the_scaled_loss_gradients_itself():
+  """As TF 2.4: the inner OptimizerV2's `_compute_gradients` gets the scaled loss."""
+  losses = []
+
+  class RecordingSGD(tf_keras.optimizers.legacy.SGD):
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+      losses.append(float(loss()))
+      return super()._compute_gradients(loss, var_list, grad_loss, tape)
+
+  opt = LSO(RecordingSGD(1.0), dynamic=False, initial_scale=4)
+  var = tf.Variable(1.0)
+  opt.minimize(lambda: 3.0 * var, var_list=[var])
+  assert losses == [12.0] and float(var.numpy()) == -2.0
+
+
+def test_internals_fallbacks_when_optimizer_v2_members_are_gone():
+  var = tf.Variable(2.0)
+  assert framework_internals.v2_compute_gradients(object(), lambda: var, [var], None, None) is None
+  with pytest.raises(AttributeError, match="object has no `_decayed_lr`"):
+    framework_internals.v2_decayed_lr(object(), tf.float32)
+
+  class WithoutComputeGradients(tf_keras.optimizers.legacy.SGD):
+    _compute_gradients = None  # gone in some future tf_keras
+
+  opt = LSO(WithoutComputeGradients(1.0), dynamic=False, initial_scale=4)
+  opt.minimize(lambda: 3.0 * var, var_list=[var])  # with the tape instead
+  assert float(var.numpy()) == -1.0
+
+
+def test_skip_gradients_aggregation_is_experimental_aggregate_gradients_false(family):
+  strategy = helpers.make_strategy("mirrored")
+  with strategy.scope():
+    var = tf.Variable([1.0])
+    opt = LSO(make_inner(family, learning_rate=1.0), initial_scale=4)
+
+  @tf.function
+  def step():
+    # Each replica passes [1]: aggregated, the sum [2] would be applied.
+    strategy.run(
+      lambda: opt.apply_gradients([(tf.constant([1.0]), var)], skip_gradients_aggregation=True)
+    )
+
+  step()
+  assert [float(v.numpy()[0]) for v in strategy.experimental_local_results(var)] == [0.0, 0.0]
+
+
+@pytest.mark.skipif(
+  "loss_scale_factor" not in inspect.signature(keras.optimizers.SGD.__init__).parameters,
+  reason="this Keras 3 has no loss_scale_factor",
+)
+def test_an_inner_loss_scale_factor_is_cleared_with_a_warning(caplog):
+  inner = keras.optimizers.SGD(loss_scale_factor=4.0)
+  opt = LSO(inner)
+  assert inner.loss_scale_factor is None
+  assert "sets loss_scale_factor=4.0 of the inner SGD to None" in caplog.text
+  assert opt.get_config()["inner_optimizer"]["config"]["loss_scale_factor"] is None

@@ -18,7 +18,6 @@ LAYERS = [
     "algorithm",
     ["_src", "_src.framework_internals", "_src.algorithm", "_src.fast_paths", "_src.validation"],
   ),
-  ("migration tool (independent of the rest)", ["_src.upgrade"]),
   ("scale state", ["_src.scale_state", "_src.loss_scale"]),
   ("families", ["_src.families"]),
   ("optimizers", ["_src.keras_optimizer", "_src.keras_experimental", "_src.compat_v1_optimizer"]),
@@ -137,3 +136,19 @@ def test_a_family_without_its_optimizer_api_fails_when_it_is_defined():
   complete = {name: lambda *a: None for name in families.Family.__abstractmethods__}
   with pytest.raises(TypeError, match="set optimizer_api"):
     type("NoApi", (families.Family,), complete)
+
+
+def test_the_migration_tool_imports_neither_tensorflow_nor_the_library():
+  # tf_lossscale_upgrade rewrites text: it must start without TensorFlow's import cost.
+  heavy = ("tensorflow", "keras", "tf_keras", "tf_lossscale")
+  found = []
+  for path in sorted((ROOT / "tf_lossscale_upgrade").rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+      elif isinstance(node, ast.ImportFrom) and not node.level:
+        names = [node.module or ""]
+      else:
+        continue
+      found += [(path.name, n) for n in names if n.split(".")[0] in heavy]
+  assert found == []

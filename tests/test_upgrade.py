@@ -14,11 +14,14 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
 import tf_lossscale
-from tf_lossscale.upgrade import main, upgrade_source
+import tf_lossscale.upgrade
+import tf_lossscale_upgrade
+from tf_lossscale_upgrade import main, upgrade_source
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "upgrade_corpus"
@@ -34,7 +37,7 @@ def _expected_path(name):
 
 def _upgrade_text(name, text):
   """The tool's output for one corpus file, through the same code the command uses."""
-  from tf_lossscale._src.upgrade import _notebook
+  from tf_lossscale_upgrade import _notebook
 
   if name.endswith(".ipynb"):
     notebook = _notebook.Notebook(text)
@@ -44,7 +47,7 @@ def _upgrade_text(name, text):
 
 
 def _tool(*args, stdin=None, cwd=None):
-  """Runs the command (`tf_lossscale.upgrade.main`) in this process, as a subprocess would."""
+  """Runs the command (`tf_lossscale_upgrade.main`) in this process, as a subprocess would."""
   streams = sys.stdin, sys.stdout, sys.stderr
   sys.stdin = io.TextIOWrapper(io.BytesIO((stdin or "").encode()), encoding="utf-8")
   sys.stdout, sys.stderr = io.StringIO(), io.StringIO()
@@ -64,10 +67,10 @@ def _tool(*args, stdin=None, cwd=None):
 
 
 def _subprocess_tool(*args, cwd=None):
-  """Runs `python -m tf_lossscale.upgrade`, a process of its own."""
+  """Runs `python -m tf_lossscale_upgrade`, a process of its own."""
   env = dict(os.environ, PYTHONPATH=str(ROOT))
   return subprocess.run(
-    [sys.executable, "-m", "tf_lossscale.upgrade", *args],
+    [sys.executable, "-m", "tf_lossscale_upgrade", *args],
     capture_output=True,
     text=True,
     cwd=cwd,
@@ -277,9 +280,8 @@ def test_many_files_in_worker_processes_give_the_same_result(tmp_path):
   for index in range(40):  # above the threshold for worker processes
     shutil.copy(CORPUS / "aliases.py.txt", tmp_path / f"m{index}.py")
   result = _subprocess_tool("--in-place", "--jobs", "2", "--quiet", str(tmp_path))
-  # --quiet: nothing reported (TensorFlow's own start-up lines aside).
   assert result.returncode == 0, result.stderr
-  assert not [line for line in result.stderr.splitlines() if str(tmp_path) in line]
+  assert result.stderr == ""  # --quiet: nothing reported
   expected = _expected_path("aliases.py").read_text()
   assert all(p.read_text() == expected for p in tmp_path.glob("*.py"))
 
@@ -301,7 +303,34 @@ def test_python_m_tf_lossscale_upgrade_and_the_console_script():
   )
   assert result.returncode == 1, result.stderr
   setup = (ROOT / "setup.py").read_text()
-  assert '"tf-lossscale-upgrade = tf_lossscale.upgrade:main"' in setup
+  assert '"tf-lossscale-upgrade = tf_lossscale_upgrade:main"' in setup
+  assert '"tf_lossscale_upgrade"' in setup  # the package is installed
+
+
+def test_tf_lossscale_upgrade_re_exports_the_tool():
+  for name in tf_lossscale_upgrade.__all__:
+    assert getattr(tf_lossscale.upgrade, name) is getattr(tf_lossscale_upgrade, name)
+  assert tf_lossscale.upgrade.__all__ == tf_lossscale_upgrade.__all__
+
+
+_NO_TF_PROBE = r"""
+import sys
+import tf_lossscale_upgrade
+status = tf_lossscale_upgrade.main(sys.argv[1:])
+heavy = sorted(m for m in ("tensorflow", "keras", "tf_keras", "tf_lossscale") if m in sys.modules)
+print("imported:", heavy, "status:", status)
+"""
+
+
+def test_the_tool_never_imports_tensorflow(project):
+  result = subprocess.run(
+    [sys.executable, "-c", _NO_TF_PROBE, "--check", "--quiet", str(project)],
+    capture_output=True,
+    text=True,
+    env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    timeout=120,
+  )
+  assert result.stdout == "imported: [] status: 1\n", result.stderr
 
 
 # Resolution rules, each on a few lines -------------------------------------------
@@ -425,6 +454,215 @@ def test_resolution(case):
   expected = source if expected is None else expected
   assert upgrade_source(source).code == expected
   assert upgrade_source(expected).code == expected
+
+
+# Speed: the one-pass bindings and the pre-filter change nothing -------------------
+
+# Files where a name is shadowed, rebound, read before its import or named in a
+# string annotation: `_bindings` hands these to libcst's ScopeProvider.
+SCOPE_CASES = {
+  "read before the import": "x = tf.mixed_precision.experimental.LossScale\n"
+  "import tensorflow as tf\ny = tf.mixed_precision.experimental.LossScale\n",
+  "a function defined before the import": "def f():\n"
+  "  return tf.mixed_precision.experimental.LossScale\nimport tensorflow as tf\n",
+  "a parameter": "import tensorflow as tf\ndef f(tf):\n"
+  "  return tf.mixed_precision.experimental.LossScale\n"
+  "g = tf.mixed_precision.experimental.FixedLossScale(2)\n",
+  "a lambda parameter": "import tensorflow as tf\n"
+  "f = lambda tf: tf.mixed_precision.experimental.LossScale\n"
+  "g = tf.mixed_precision.experimental.FixedLossScale(2)\n",
+  "rebound": "import tensorflow as tf\ntf = tf.compat.v1\n"
+  "x = tf.mixed_precision.experimental.LossScale\n",
+  "a loop variable": "import tensorflow as tf\nfor tf in mods:\n"
+  "  tf.mixed_precision.experimental.LossScale\n",
+  "a class attribute": "import tensorflow as tf\nclass A:\n  tf = None\n"
+  "  x = tf.mixed_precision.experimental.LossScale\n"
+  "y = tf.mixed_precision.experimental.FixedLossScale(2)\n",
+  "a comprehension variable": "import tensorflow as tf\n"
+  "xs = [tf.mixed_precision.experimental.LossScale for tf in mods]\n"
+  "y = tf.mixed_precision.experimental.FixedLossScale(2)\n",
+  "global": "import tensorflow as tf\ndef f():\n  global tf\n  tf = None\n"
+  "x = tf.mixed_precision.experimental.LossScale\n",
+  "except as": "import tensorflow as tf\ntry:\n  pass\nexcept ValueError as tf:\n  pass\n"
+  "x = tf.mixed_precision.experimental.LossScale\n",
+  "walrus": "import tensorflow as tf\nif (tf := None):\n  pass\n"
+  "x = tf.mixed_precision.experimental.LossScale\n",
+  "del": "import tensorflow as tf\nx = tf.mixed_precision.experimental.LossScale\ndel tf\n",
+  "a match capture": "import tensorflow as tf\nmatch x:\n  case tf:\n    pass\n"
+  "y = tf.mixed_precision.experimental.LossScale\n",
+  "a string annotation": "import tensorflow as tf\n"
+  'def f(x: "tf.mixed_precision.experimental.LossScale"):\n'
+  "  return tf.mixed_precision.experimental.FixedLossScale(2)\n",
+  "an import in a function": "def f():\n  import tensorflow as tf\n"
+  "  return tf.mixed_precision.experimental.LossScale\nimport tensorflow as tf\n"
+  "x = tf.mixed_precision.experimental.FixedLossScale(2)\n",
+  "a name of TensorFlow's imported in a function too": "import tensorflow as tf\n"
+  "def f():\n  from x import tf\n  return tf.mixed_precision.experimental.LossScale\n"
+  "y = tf.mixed_precision.experimental.FixedLossScale(2)\n",
+  "tf_lossscale a parameter": "import tensorflow as tf\ndef f(tf_lossscale):\n  pass\n"
+  "x = tf.mixed_precision.experimental.LossScale\n",
+}
+# Files `_bindings` answers itself: reads only, after the imports.
+ONE_PASS_CASES = {
+  "dotted imports and a subscript in the chain": "import tensorflow.compat.v1\n"
+  "import tensorflow as tf\n"
+  "x = tensorflow.compat.v1.mixed_precision.FixedLossScale(2)\n"
+  "y = (tensorflow.compat, 1)[0].v1.mixed_precision.FixedLossScale\n"
+  "z = mods[tensorflow.compat.v1].mixed_precision\n"
+  "w = tf.mixed_precision.experimental.LossScale\n",
+  "keywords and attributes named like the import": "import tensorflow as tf\n"
+  "f(tf=1, x=obj.tf)\ny = tf.mixed_precision.experimental.LossScale\n",
+  "decorators, calls and bases": "import tensorflow as tf\n@tf.function\ndef f():\n"
+  "  return tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD()).x\n"
+  "class L(tf.mixed_precision.experimental.LossScale):\n  pass\n",
+  "a docstring naming the import": '"""Uses tf."""\nimport tensorflow as tf\n'
+  "x = tf.mixed_precision.experimental.LossScale\n",
+  "other names rebound freely": "import os\nimport numpy as np\nos = None\n"
+  "def f(np):\n  from x import y as os\nimport tensorflow as tf\n"
+  "x = tf.mixed_precision.experimental.LossScale\n",
+  "tf_lossscale imported already": "import tensorflow as tf\nimport tf_lossscale\n"
+  "x = tf.mixed_precision.experimental.LossScale\ny = tf_lossscale.loss_scale\n",
+}
+
+
+def _both_ways(monkeypatch, code):
+  """`upgrade_source(code)` with the one-pass bindings and with ScopeProvider alone."""
+  from tf_lossscale_upgrade import _rewrite
+
+  fast = upgrade_source(code)
+  monkeypatch.setattr(_rewrite, "_FAST_BINDINGS", False)
+  return fast, upgrade_source(code)
+
+
+def _corpus_python():
+  return {p.name: p.read_text() for p in sorted(CORPUS.glob("*.py.txt"))}
+
+
+SNIPPETS = [*SCOPE_CASES.values(), *ONE_PASS_CASES.values(), *_corpus_python().values()] + [
+  source for pair in CASES.values() for source in pair if source is not None
+]
+
+
+@pytest.mark.parametrize("code", SNIPPETS)
+def test_one_pass_bindings_give_what_scope_provider_gives(monkeypatch, code):
+  fast, scope_provider = _both_ways(monkeypatch, code)
+  assert fast == scope_provider
+
+
+@pytest.mark.parametrize("code", SNIPPETS)
+def test_the_pre_filter_passes_every_file_with_something_to_do(code):
+  from tf_lossscale_upgrade import _prefilter, _rewrite
+
+  unfiltered = _rewrite.upgrade_parsed(code)
+  if unfiltered.code != code or unfiltered.findings:
+    assert _prefilter.worth_parsing(code)
+  else:
+    assert upgrade_source(code) == unfiltered
+
+
+def test_one_pass_bindings_answer_the_simple_files_and_only_those():
+  import libcst
+
+  from tf_lossscale_upgrade import _bindings
+
+  def one_pass(code):
+    return _bindings.analyse(libcst.parse_module(code)).scope is not None
+
+  assert not [name for name, code in SCOPE_CASES.items() if one_pass(code)]
+  assert [name for name, code in ONE_PASS_CASES.items() if not one_pass(code)] == []
+  # Most of the corpus is the simple case (unsafe_uses.py rebinds names on purpose).
+  answered = sorted(name for name, code in _corpus_python().items() if one_pass(code))
+  assert len(answered) >= 12, answered
+
+
+def test_every_name_the_tool_knows_spells_a_pre_filter_word():
+  from tf_lossscale_upgrade import _names, _prefilter
+
+  known = set(_names.NAMES) | set(_names.COUNTERPARTS) | set(_names.CLAIMED)
+  assert all(name.startswith("tensorflow.") for name in known)
+  assert [name for name in known if not _prefilter._WORDS.search(name)] == []
+
+
+# Files with nothing for the tool, some of which pass the pre-filter.
+NEAR_MISSES = {
+  "tf_only.py": "import tensorflow as tf\nx = tf.constant(1)\n",
+  "own_mixed_precision.py": "import mixed_precision\nmixed_precision.LossScaleOptimizer(o)\n",
+  "keras_only.py": "# tensorflow-free\nfrom keras import mixed_precision\n",
+  "memory_growth.py": "import tensorflow as tf\ntf.config.experimental.set_memory_growth(g, True)\n",
+  "shebang.py": "#!/usr/bin/env python\nimport tensorflow as tf\nimport loss_scale\nx = loss_scale.get()\n",
+  "private_module.py": "from tensorflow.python.training.experimental import helpers\n",
+  "train_experimental.py": "from tensorflow.train import experimental\nx = experimental\n",
+}
+
+
+def _many_files(root):
+  """About 200 files: the corpus three times, this repository's code, some of the
+  standard library, the near misses."""
+  for copy in range(3):
+    for path, name in zip(INPUTS, NAMES):
+      folder = root / f"corpus{copy}"
+      folder.mkdir(exist_ok=True)
+      shutil.copy(path, folder / name)
+  for package in ("tf_lossscale", "scripts", "tests"):
+    for path in sorted((ROOT / package).rglob("*.py")):
+      if path.stat().st_size < 8_000:
+        target = root / "repo" / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target)
+  stdlib = pathlib.Path(sysconfig.get_paths()["stdlib"])
+  modules = [*stdlib.glob("*.py")]
+  for package in ("asyncio", "email", "json", "logging", "concurrent", "importlib", "xml"):
+    modules += (stdlib / package).rglob("*.py")
+  for path in sorted(modules):
+    if path.stat().st_size < 8_000:
+      target = root / "stdlib" / path.relative_to(stdlib)
+      target.parent.mkdir(parents=True, exist_ok=True)
+      shutil.copy(path, target)
+  (root / "misses").mkdir()
+  for name, code in NEAR_MISSES.items():
+    (root / "misses" / name).write_text(code)
+  return sorted(str(p) for p in root.rglob("*") if p.suffix in (".py", ".ipynb"))
+
+
+def test_many_files_the_pre_filter_skips_only_files_with_nothing_to_do(tmp_path, monkeypatch):
+  from tf_lossscale_upgrade import _cli, _prefilter
+
+  paths = _many_files(tmp_path)
+  assert len(paths) > 200
+  filtered = {r.path: r for r in _cli._process(paths, 1)}
+  monkeypatch.setattr(_prefilter, "worth_parsing", lambda code: True)
+  unfiltered = {r.path: r for r in _cli._process(paths, 1)}
+  skipped = sorted(path for path, r in filtered.items() if not r.parsed)
+  assert all(r.parsed for r in unfiltered.values())
+  for path in paths:
+    before, after = filtered[path], unfiltered[path]
+    assert (before.new, before.report, before.error) == (after.new, after.report, after.error)
+  # The skipped files: unchanged and unreported when parsed after all.
+  assert [p for p in skipped if unfiltered[p].changed or unfiltered[p].report] == []
+  changed = [path for path, r in unfiltered.items() if r.changed and "/corpus" in path]
+  assert len(changed) == 3 * (len(NAMES) - len(UNCHANGED))
+  assert len(skipped) > 20
+  for name in ("tf_only.py", "memory_growth.py", "shebang.py", "keras_only.py"):
+    assert str(tmp_path / "misses" / name) in skipped, name
+  # This repository's own TensorFlow code: most of it has nothing to migrate.
+  assert len([p for p in skipped if "/repo/" in p and "tensorflow" in filtered[p].old]) > 10
+  for reported in ("private_module.py", "train_experimental.py"):
+    assert filtered[str(tmp_path / "misses" / reported)].report
+
+
+def test_many_files_in_worker_processes_report_what_one_process_reports(tmp_path):
+  paths = _many_files(tmp_path)
+  one = _tool("--check", "--jobs", "1", str(tmp_path))
+  pool = _tool("--check", "--jobs", "2", "--stats", str(tmp_path))
+  assert one.returncode == pool.returncode == 1
+  stats = pool.stderr.splitlines()[-1]
+  assert pool.stderr.splitlines()[:-1] == one.stderr.splitlines(), stats
+  assert re.fullmatch(
+    rf"tf-lossscale-upgrade: stats: {len(paths)} files, \d+ parsed, \d+ skipped by the "
+    r"pre-filter; [\d.]+ s wall, [\d.]+ s CPU \(this process and its workers\), "
+    r"2 worker processes",
+    stats,
+  )
 
 
 # The rewritten programs run -------------------------------------------------------

@@ -89,14 +89,6 @@ def test_user_all_reduce_equals_the_automatic_path(family, strategy, precision, 
   assert common.as_int(opt.iterations) == 3
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason=(
-    "LossScaleOptimizer.apply_gradients (tf_lossscale/_src/keras_optimizer.py) only takes "
-    "`experimental_aggregate_gradients`; tf_keras's own wrapper of the new optimizers, and "
-    "the new optimizers themselves, spell it `skip_gradients_aggregation`: TypeError"
-  ),
-)
 def test_tf_keras_new_spelling_skip_gradients_aggregation():
   strategy = common.strategy("mirrored")
   with strategy.scope():
@@ -116,14 +108,7 @@ def test_tf_keras_new_spelling_skip_gradients_aggregation():
   common.assert_on_every_replica(strategy, var, [-1.0])  # applied once, not reduced again
 
 
-_DOUBLE_UNSCALED = (
-  "keras-team/keras#21233: a Keras 3 inner optimizer's own `loss_scale_factor` still divides "
-  "the gradients in its `apply` after LossScaleOptimizer unscaled them "
-  "(Keras3Family, tf_lossscale/_src/keras_keras3.py, leaves it set; Keras 3's wrapper clears it)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=_DOUBLE_UNSCALED)
+@common.needs_keras3_option("loss_scale_factor")
 @pytest.mark.parametrize("path", ["custom_loop", "fit"])
 def test_an_inner_loss_scale_factor_is_not_applied_twice(path):
   inner = keras.optimizers.SGD(0.5, loss_scale_factor=4.0)

@@ -29,9 +29,6 @@ from tf_lossscale.keras import mixed_precision
 
 LSO = mixed_precision.LossScaleOptimizer
 NAN = float("nan")
-keras3_accumulates = pytest.mark.skipif(
-  not helpers.KERAS3_ACCUMULATES, reason="this Keras 3 has no gradient_accumulation_steps"
-)
 
 
 def _accumulator(inner, var):
@@ -43,7 +40,7 @@ def _accumulator(inner, var):
   return accumulator.numpy()
 
 
-@keras3_accumulates
+@common.needs_keras3_option("gradient_accumulation_steps")
 def test_keras3_accumulation_a_nan_micro_step_never_reaches_the_accumulator():
   var = keras.Variable([1.0, 2.0])
   inner = keras.optimizers.SGD(1.0, gradient_accumulation_steps=2)
@@ -56,31 +53,33 @@ def test_keras3_accumulation_a_nan_micro_step_never_reaches_the_accumulator():
   assert float(opt.loss_scale) == 4.0
 
 
-@keras3_accumulates
-@pytest.mark.xfail(
-  strict=True,
-  reason=(
-    "Keras3Family._count_skipped_step (tf_lossscale/_src/keras_keras3.py) adds 1 to the "
-    "inner optimizer's `_iterations`, which also drives its accumulation window: a skipped "
-    "micro-step that falls on the window's update step never applies nor resets the "
-    "accumulator, so the next window applies N+1 micro-batches' gradients divided by N"
-  ),
-)
-def test_keras3_accumulation_a_skipped_micro_step_leaves_the_window_open():
-  """The window holds N finite micro-batches, as Keras 3's own wrapper keeps it."""
+@common.needs_keras3_option("gradient_accumulation_steps")
+@pytest.mark.parametrize("bad_position", [0, 1], ids=["opening", "closing"])
+def test_keras3_accumulation_a_skipped_micro_step_leaves_the_window_open(bad_position):
+  """The window holds N finite micro-batches, as Keras 3's own wrapper keeps it.
+
+  The skipped micro-step is dropped: it neither counts in `iterations` (which
+  counts windows applied) nor moves the window, wherever it falls; the scale
+  still halves and `skipped_steps` counts it.
+  """
   var = keras.Variable([1.0, 2.0])
   inner = keras.optimizers.SGD(1.0, gradient_accumulation_steps=2)
   opt = LSO(inner, initial_scale=8)
-  for grad in ([1.0, 1.0], [NAN, 1.0], [2.0, 2.0]):
+  grads = [[1.0, 1.0], [2.0, 2.0]]
+  grads.insert(bad_position, [NAN, 1.0])
+  for grad in grads:
     opt.apply_gradients([(tf.constant(grad), var)])
   np.testing.assert_array_equal(var.numpy(), [1.0 - 1.5, 2.0 - 1.5])  # mean of 1 and 2
   np.testing.assert_array_equal(_accumulator(inner, var), [0.0, 0.0])
+  assert int(opt.iterations.numpy()) == 1 and int(opt.skipped_steps.numpy()) == 1
+  assert float(opt.loss_scale) == 4.0
   for grad in ([4.0, 4.0], [8.0, 8.0]):
     opt.apply_gradients([(tf.constant(grad), var)])
   np.testing.assert_array_equal(var.numpy(), [1.0 - 1.5 - 6.0, 2.0 - 1.5 - 6.0])
+  assert int(opt.iterations.numpy()) == 2
 
 
-@keras3_accumulates
+@common.needs_keras3_option("gradient_accumulation_steps")
 def test_keras3_own_lso_a_skipped_micro_step_leaves_the_window_open():
   """The peer's behaviour the test above asks for (it takes scaled gradients)."""
   var = keras.Variable([1.0, 2.0])
@@ -94,7 +93,7 @@ def test_keras3_own_lso_a_skipped_micro_step_leaves_the_window_open():
   assert int(counter.numpy()) == 2
 
 
-@keras3_accumulates
+@common.needs_keras3_option("gradient_accumulation_steps")
 def test_keras3_fit_with_gradient_accumulation_matches_the_plain_optimizer():
   weights, iterations = [], []
   for wrap in (lambda inner: inner, lambda inner: LSO(inner, initial_scale=2.0**10)):

@@ -72,14 +72,6 @@ def horovod_distributed_optimizer(opt):
   return cls.from_config(opt.get_config())
 
 
-_REBUILD_SWALLOWED = (
-  "LossScaleOptimizer.__new__ and from_config use the inherited `_public_class` "
-  "(tf_lossscale/_src/keras_optimizer.py): a subclass of the concrete class is "
-  "replaced by the plain concrete class, so the subclass's __init__ and methods never run"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=_REBUILD_SWALLOWED)
 @pytest.mark.parametrize(
   "make",
   [
@@ -105,18 +97,7 @@ def test_rebuilt_dynamic_subclass_keeps_its_class_and_scale_settings(family, mak
   assert rebuilt.comparable_config() == opt.comparable_config()
 
 
-_EXPERIMENTAL_KEYWORD = (
-  "LossScaleOptimizer.__new__ (tf_lossscale/_src/keras_optimizer.py) dispatches on its "
-  "`inner_optimizer` argument only; the experimental class names it `optimizer`, so "
-  "`experimental.LossScaleOptimizer(optimizer=..., loss_scale=...)` dispatches on None: TypeError"
-)
-
-
-@pytest.mark.parametrize(
-  "experimental",
-  [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=_EXPERIMENTAL_KEYWORD))],
-  ids=["LossScaleOptimizer", "experimental"],
-)
+@pytest.mark.parametrize("experimental", [False, True], ids=["LossScaleOptimizer", "experimental"])
 def test_construction_with_keyword_arguments_as_rebuilds_do(family, experimental):
   inner = common.make_inner(family)
   if experimental:
@@ -126,15 +107,6 @@ def test_construction_with_keyword_arguments_as_rebuilds_do(family, experimental
   assert opt.inner_optimizer is inner and float(opt.loss_scale) == 8.0
 
 
-_COMPUTE_GRADIENTS_BYPASSED = (
-  _REBUILD_SWALLOWED + "; and LossScaleOptimizer.minimize computes the gradients itself "
-  "instead of through `self._compute_gradients` (TF 2.4's OptimizerV2.minimize path), and "
-  "the OptimizerV2 family inherits OptimizerV2._compute_gradients, which reads the "
-  "wrapper's unset `_name` and does not scale: Horovod's all-reduce is never reached"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=_COMPUTE_GRADIENTS_BYPASSED)
 @pytest.mark.parametrize("path", ["minimize", "fit"])
 def test_horovod_all_reduce_around_ours_reaches_every_step(path):
   """hvd.DistributedOptimizer(LossScaleOptimizer(SGD)): the averaged gradient is applied."""

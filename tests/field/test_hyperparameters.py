@@ -102,15 +102,6 @@ def test_keras3_own_lso_schedule_does_not_count_skipped_steps():
   assert int(opt.inner_optimizer.iterations.numpy()) == 3
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason=(
-    "OptimizerV2Family (tf_lossscale/_src/keras_tf_keras.py) inherits "
-    "OptimizerV2._decayed_lr, which reads the wrapper's own never-initialized hyperparameter "
-    "state (`_hypers_created`, `_hyper`): AttributeError '_hypers_created', as "
-    "keras-team/keras#16218 (tf_keras's own wrapper fails the same way)"
-  ),
-)
 def test_decayed_lr_of_an_optimizer_v2_through_the_wrapper():
   schedule = tf_keras.optimizers.schedules.ExponentialDecay(1.0, decay_steps=1, decay_rate=0.5)
   inner = tf_keras.optimizers.legacy.SGD(schedule)

@@ -86,22 +86,12 @@ def test_keras3_weights_h5_checkpoint_resumes_identically(mixed_float16, tmp_pat
   assert float(resumed.optimizer.loss_scale) == 64.0
 
 
-_TF_KERAS_NEW_H5 = (
-  "TfKerasOptimizerFamily (tf_lossscale/_src/keras_tf_keras.py) inherits tf_keras "
-  "Optimizer.set_weights, which checks the wrapper's own unset `_built` and raises "
-  "ValueError; tf_keras's h5 loader catches it and starts with a fresh optimizer (iterations "
-  "0, no slots), while the plain optimizer restores"
-)
-
-
 @pytest.mark.parametrize(
   "family, strategy_name",
   [
     ("tf_keras", "default"),
     ("tf_keras", "mirrored"),
-    pytest.param(
-      "tf_keras_new", "default", marks=pytest.mark.xfail(strict=True, reason=_TF_KERAS_NEW_H5)
-    ),
+    ("tf_keras_new", "default"),
   ],
 )
 def test_tf_keras_h5_model_checkpoint_restores_weights_slots_and_iterations(
@@ -209,38 +199,55 @@ def test_tf_train_checkpoint_with_slots_resumes_identically(family, strategy, tm
   assert common.as_int(resumed_opt.iterations) == common.as_int(opt.iterations) == 6
 
 
-_SLOT_REUSED = (
-  "The wrapper and the inner OptimizerV2 are two checkpoint nodes with the same children "
-  "(the wrapper delegates tracking to the inner optimizer) and both list the slots "
-  "(`get_slot_names` / `get_slot`, OptimizerV2Family in tf_lossscale/_src/keras_tf_keras.py): "
-  "TF's serialize_slot_variables sees each slot twice and raises 'A slot variable was re-used' "
-  "(tf_keras's own wrapper fails the same way)"
-)
-
-
-@pytest.mark.parametrize(
-  "family",
-  [
-    "keras3",
-    pytest.param("tf_keras", marks=pytest.mark.xfail(strict=True, reason=_SLOT_REUSED)),
-    "tf_keras_new",
-  ],
-)
-def test_checkpoint_naming_the_wrapper_and_the_inner_optimizer(family, tmp_path):
-  """keras-team/keras#15709: `optimizer=inner` saved beside a model compiled with the wrapper."""
+def _checkpoint_resumes_identically(family, named, tmp_path):
+  """Fit, write `tf.train.Checkpoint(model=..., optimizer=<named>)`, read it into a fresh model."""
   helpers.need_tf_checkpoints(family)
-  inner = common.make_inner(family, "Adam", learning_rate=0.1)
-  model = common.dense_model(common.framework(family))
-  model.compile(LSO(inner, initial_scale=8), loss="mse")
+
+  def build():
+    inner = common.make_inner(family, "Adam", learning_rate=0.1)
+    model = common.dense_model(common.framework(family))
+    model.compile(LSO(inner, initial_scale=8), loss="mse")
+    return model, tf.train.Checkpoint(model=model, optimizer=named(model))
+
+  model, checkpoint = build()
   _fit(model, 1)
-  path = tf.train.Checkpoint(model=model, optimizer=inner).write(str(tmp_path / "ckpt"))
-  resumed_inner = common.make_inner(family, "Adam", learning_rate=0.1)
-  resumed = common.dense_model(common.framework(family))
-  resumed.compile(LSO(resumed_inner, initial_scale=8), loss="mse")
-  tf.train.Checkpoint(model=resumed, optimizer=resumed_inner).read(path)
+  path = checkpoint.write(str(tmp_path / "ckpt"))
+  resumed, resumed_checkpoint = build()
+  resumed_checkpoint.read(path).assert_existing_objects_matched()
   _fit(model, 1)
   _fit(resumed, 1)
   _assert_same_training_state(resumed, model)
+  assert float(resumed.optimizer.loss_scale) == float(model.optimizer.loss_scale)
+
+
+@pytest.mark.parametrize("family", ["keras3", "tf_keras_new"])
+def test_checkpoint_naming_the_inner_optimizer_beside_the_wrapper(family, tmp_path):
+  """keras-team/keras#15709: `optimizer=inner` saved beside a model compiled with the wrapper."""
+  _checkpoint_resumes_identically(family, lambda model: model.optimizer.inner_optimizer, tmp_path)
+
+
+def test_optimizer_v2_checkpoint_naming_the_inner_optimizer_beside_the_wrapper_is_refused(
+  tmp_path,
+):
+  """keras-team/keras#15709 with an OptimizerV2 inner: the documented limitation (as TF 2.4).
+
+  The wrapper keeps TF 2.4's checkpoint layout: its node holds the inner
+  optimizer's variables and lists its slots. Named beside it, the inner
+  OptimizerV2 lists the same slots from a second node, which TensorFlow's
+  checkpointing refuses when writing; nothing is written.
+  """
+  inner = common.make_inner("tf_keras", "Adam", learning_rate=0.1)
+  model = common.dense_model(tf_keras)
+  model.compile(LSO(inner, initial_scale=8), loss="mse")
+  _fit(model, 1)
+  with pytest.raises(NotImplementedError, match="A slot variable was re-used"):
+    tf.train.Checkpoint(model=model, optimizer=inner).write(str(tmp_path / "ckpt"))
+  assert not list(tmp_path.iterdir())
+
+
+def test_checkpoint_naming_the_wrapper_resumes_identically(family, tmp_path):
+  """The documented way for every family: name the wrapper (`model.optimizer`), not the inner."""
+  _checkpoint_resumes_identically(family, lambda model: model.optimizer, tmp_path)
 
 
 class _UserSubclass(LSO):

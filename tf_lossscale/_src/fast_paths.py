@@ -8,7 +8,7 @@ tf_lossscale turns every one of them off (docs/benchmarks.md measures each).
   total proves every element finite; only a non-finite total (an Inf or NaN,
   or an overflow of finite values) runs TF 2.4's element-wise check, so no
   finite step is ever skipped (`quick_and_exact`). Under XLA with few
-  gradients, sums of the gradients times zero are exact by themselves.
+  gradients, TF 2.4's element-wise check runs by itself.
 * In a function graph the check and the apply share one If op
   (`apply_if_finite`), kept as a call of its branch functions where that is
   safe (`cond`); in a TF1 graph one Switch gates the apply (`switch_cond`).
@@ -120,10 +120,12 @@ def quick_and_exact(values):
   are checked element by element in `quick` already. `exact` is None when
   `quick` is exact by itself.
 
-  Under XLA with few gradients `quick` is exact by itself (sums of the
-  gradients times zero, fused into one read each): the If the fallback needs
-  made XLA copy large variables once more a step; with many gradients the
-  If-free check compiles more slowly.
+  Under XLA with few gradients `quick` is TF 2.4's element-wise check, exact
+  by itself: the If the fallback needs made XLA copy large variables once
+  more a step; with many gradients the If-free check compiles more slowly.
+  XLA on a CPU splits a large reduction in two and writes its input out
+  first: a boolean per element there costs a quarter of the float32 a sum
+  (or a sum of the gradient times zero) would write.
   """
   xla = bool(_in_xla())
   if_free = xla and len(values) <= XLA_IF_FREE_UP_TO
@@ -131,11 +133,8 @@ def quick_and_exact(values):
   flags, summed = [], False
   for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
     same_dtype = [v for v in values if v.dtype == dtype]
-    if dtype not in (tf.float32, tf.float64):
+    if if_free or dtype not in (tf.float32, tf.float64):
       flags.append(_each_finite(same_dtype))
-      continue
-    if if_free:
-      flags.append(_times_zero_finite(same_dtype, sum_all))
       continue
     summed = True
     groups, others = _grouped(same_dtype, group=not xla)  # XLA compiles a wide add_n slowly.

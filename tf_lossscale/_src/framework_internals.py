@@ -487,3 +487,30 @@ def v2_create_or_restore_slot_variable(optimizer, slot_variable_position, slot_n
 
 def v2_restore_slot_variable(optimizer, slot_name, variable, slot_variable):
   return optimizer._restore_slot_variable(slot_name, variable, slot_variable)
+
+
+# --- Issue 16: what Horovod-style wrappers and users call on an OptimizerV2 -------
+
+
+def v2_compute_gradients(optimizer, loss, var_list, grad_loss, tape):
+  """An OptimizerV2's `_compute_gradients`: `minimize`'s first half, which
+  TF 2.4's wrapper called on the scaled loss (tf_keras 2.x to today).
+
+  Returns:
+    Its (gradient, variable) pairs, or None when the member is gone (the
+    caller then computes the gradients with the tape, as for other optimizers).
+  """
+  compute = getattr(optimizer, "_compute_gradients", None)
+  if compute is None:
+    return None
+  return compute(loss, var_list=var_list, grad_loss=grad_loss, tape=tape)
+
+
+def v2_decayed_lr(optimizer, var_dtype):
+  """An OptimizerV2's `_decayed_lr(var_dtype)`, its current learning rate,
+  which user code reads through the wrapper (tf_keras 2.x to today). Gone:
+  `AttributeError`, as the optimizer itself would raise."""
+  decayed_lr = getattr(optimizer, "_decayed_lr", None)
+  if decayed_lr is None:
+    raise AttributeError(f"{type(optimizer).__name__} has no `_decayed_lr`")
+  return decayed_lr(var_dtype)

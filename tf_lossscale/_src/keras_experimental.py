@@ -86,6 +86,8 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
       `DynamicLossScale`.
   """
 
+  _INNER_ARGUMENT = "optimizer"
+
   def __init__(
     self, optimizer: Any, loss_scale: "str | float | loss_scale_module.LossScale"
   ) -> None:
@@ -136,8 +138,7 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
     if isinstance(loss_scale, dict):
       loss_scale = loss_scale_module.deserialize(loss_scale)
       keras_optimizer.settings_from_legacy_loss_scale(loss_scale, deserializing=True)
-    public_cls = getattr(cls, "_public_class", cls)
-    return public_cls(optimizer, loss_scale)
+    return cls(optimizer=optimizer, loss_scale=loss_scale)
 
 
 # TF 2.4 serialized this class under its class name, LossScaleOptimizerV1, and

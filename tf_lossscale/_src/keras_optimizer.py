@@ -32,7 +32,6 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from tf_lossscale._src import families, framework_internals, scale_state, validation
@@ -154,12 +153,6 @@ def _check_arguments(dynamic, initial_scale):
   if initial_scale is not None:
     # NaN, Inf and 0 would train with NaN weights or never apply a step.
     validation.check_finite_above("initial_scale", initial_scale, 0)
-
-
-def _watchable(variables):
-  """`variables` as `GradientTape.watch` takes them: a Keras 3 variable is
-  watched through the TensorFlow variable holding its value."""
-  return [v.value if isinstance(v, keras.Variable) else v for v in tf.nest.flatten(variables)]
 
 
 def _inner_property(name):
@@ -345,16 +338,35 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       these three is outside what is allowed above.
   """
 
-  def __new__(cls, inner_optimizer=None, *args, **kwargs):
-    del args, kwargs
-    public_cls = getattr(cls, "_public_class", cls)
-    if inner_optimizer is None and public_cls is not cls:
+  # The constructor's name for the inner optimizer (the experimental class's differs).
+  _INNER_ARGUMENT = "inner_optimizer"
+
+  def __new__(cls, *args, **kwargs):
+    inner_optimizer = args[0] if args else kwargs.get(cls._INNER_ARGUMENT)
+    own_family = getattr(cls, "_family", None)
+    if inner_optimizer is None and own_family is not None:
       # copy / pickle protocol: the concrete class is already known.
       return super().__new__(cls)
     family = families.for_optimizer(inner_optimizer)
     if family is None:
       raise _not_an_optimizer_error(inner_optimizer)
-    return super().__new__(_concrete_class(public_cls, family))
+    if own_family is not None and "_family" not in cls.__dict__:
+      # A subclass of a concrete class, as Horovod makes of `type(opt)` to
+      # rebuild the optimizer with `cls.from_config(...)`: it is what was asked for.
+      if family is not own_family:
+        raise TypeError(
+          f"{cls.__name__} subclasses the LossScaleOptimizer class of {own_family.__name__} "
+          f"inner optimizers and cannot wrap {inner_optimizer}: wrap it with "
+          "LossScaleOptimizer, or subclass LossScaleOptimizer itself"
+        )
+      return super().__new__(cls)
+    concrete = _concrete_class(getattr(cls, "_public_class", cls), family)
+    instance = super().__new__(concrete)
+    if not issubclass(concrete, cls):
+      # `type(opt)(inner)` with an inner optimizer of another family: Python
+      # initializes only instances of the class called.
+      instance.__init__(*args, **kwargs)
+    return instance
 
   def __init__(
     self,
@@ -686,21 +698,39 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     >>> print(var.numpy())
     0.0
     """
+    grads_and_vars = self._compute_gradients(loss, var_list, grad_loss=grad_loss, tape=tape)
+    return self.apply_gradients(grads_and_vars, name=name)
+
+  def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+    """`minimize`'s first half: the unscaled (gradient, variable) pairs of `loss`.
+
+    OptimizerV2's hook, as in TF 2.4: its `minimize` (and so tf_keras's `fit`)
+    goes through it, and gradient-aggregation wrappers override it (Horovod's
+    `DistributedOptimizer` all-reduces the pairs it returns). The loss is
+    scaled, the inner optimizer's family computes the gradients (an
+    OptimizerV2 with its own `_compute_gradients`, as TF 2.4's wrapper did)
+    and they are unscaled.
+
+    Args:
+      loss: A callable returning the loss, or a tensor when `tape` is given.
+      var_list: A variable, a list of variables, or a callable returning one.
+      grad_loss: Optional tensor, the gradient of the loss.
+      tape: The `tf.GradientTape` that computed a tensor `loss`.
+
+    Returns:
+      A list of (unscaled gradient or None, variable) pairs.
+
+    Raises:
+      ValueError: For a tensor `loss` without `tape`.
+    """
     if not callable(loss) and tape is None:
       raise ValueError("`tape` is required when a `Tensor` loss is passed.")
     tape = tf.GradientTape() if tape is None else tape
     with tape:
-      if not callable(var_list):
-        tape.watch(_watchable(var_list))
       scaled_loss = self.get_scaled_loss(loss)
-      if callable(scaled_loss):
-        scaled_loss = scaled_loss()
-    if callable(var_list):
-      var_list = var_list()
-    var_list = tf.nest.flatten(var_list)
-    grads = tape.gradient(scaled_loss, var_list, grad_loss)
-    grads = self.get_unscaled_gradients(grads)
-    return self.apply_gradients(zip(grads, var_list, strict=True), name=name)
+    grads_and_vars = self._adapter.compute_gradients(scaled_loss, var_list, grad_loss, tape)
+    grads = self.get_unscaled_gradients([g for g, _ in grads_and_vars])
+    return list(zip(grads, [v for _, v in grads_and_vars], strict=True))
 
   # Nothing on this path needs AutoGraph (the same code runs eagerly and in
   # TF1 graphs); converting it, down to the finiteness check, took longer
@@ -711,21 +741,29 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     grads_and_vars: Iterable[tuple[Any, tf.Variable]],
     name: str | None = None,
     experimental_aggregate_gradients: bool = True,
+    *,
+    skip_gradients_aggregation: bool = False,
   ) -> tf.Operation | None:
     """Applies UNSCALED gradients, skipping non-finite steps.
 
     Under a `tf.distribute` strategy the gradients are all-reduced first
-    (unless `experimental_aggregate_gradients` is False, for gradients you
-    already reduced). With a dynamic loss scale, one decision for all
-    replicas: if any gradient is Inf or NaN, no variable or slot changes,
-    the loss scale halves and only `iterations` counts the step; otherwise the
-    inner optimizer applies the gradients and the loss scale is updated.
+    (unless `experimental_aggregate_gradients` is False or
+    `skip_gradients_aggregation` True, for gradients you already reduced).
+    With a dynamic loss scale, one decision for all replicas: if any gradient
+    is Inf or NaN, no variable or slot changes, the loss scale halves and only
+    `iterations` counts the step (not with Keras 3's
+    `gradient_accumulation_steps`, where a skipped micro-step is dropped from
+    its window); otherwise the inner optimizer applies the gradients and the
+    loss scale is updated.
 
     Args:
       grads_and_vars: Iterable of (unscaled gradient, variable) pairs.
       name: Optional name for the returned operation.
       experimental_aggregate_gradients: Whether to sum the gradients of all
         replicas first. Defaults to True.
+      skip_gradients_aggregation: Keyword-only, the newer optimizers'
+        spelling (tf_keras's, whose wrapper takes it too): True is
+        `experimental_aggregate_gradients=False`. Defaults to False.
 
     Returns:
       The op applying the step, for an OptimizerV2 inner optimizer outside
@@ -752,6 +790,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     # Checked here too: the optimizer is often built outside the strategy.
     _raise_if_strategy_unsupported()
     grads_and_vars = self._checked_gradients(grads_and_vars)
+    aggregate = experimental_aggregate_gradients and not skip_gradients_aggregation
     if self._take_scaled_loss_mark():
       grads = self.get_unscaled_gradients([g for g, _ in grads_and_vars])
       grads_and_vars = list(zip(grads, [v for _, v in grads_and_vars], strict=True))
@@ -769,8 +808,8 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     # replica's finiteness is everyone's. Without aggregation (the caller's
     # choice) or where the inner optimizer must aggregate itself, each
     # replica's finiteness counts.
-    inner_aggregates = experimental_aggregate_gradients and not self._adapter.can_apply_reduced()
-    in_sync = experimental_aggregate_gradients and not inner_aggregates
+    inner_aggregates = aggregate and not self._adapter.can_apply_reduced()
+    in_sync = aggregate and not inner_aggregates
     if in_sync:
       grads_and_vars = self._adapter.reduce_gradients(grads_and_vars)
     grads = [g for g, _ in grads_and_vars]
@@ -968,8 +1007,8 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     inner = config.pop("inner_optimizer")
     if isinstance(inner, dict):
       inner = deserialize_inner(cls, inner, custom_objects)
-    public_cls = getattr(cls, "_public_class", cls)
-    return public_cls(inner, **config)
+    # Keywords: a subclass's constructor may take only keywords (Horovod's).
+    return cls(inner_optimizer=inner, **config)
 
 
 def deserialize_inner(cls, config, custom_objects):

@@ -1,42 +1,19 @@
 """Migrates source code: TensorFlow's loss-scaling names become tf_lossscale's.
 
-The command line is `tf-lossscale-upgrade` (or `python -m tf_lossscale.upgrade`).
-It rewrites text and never runs TensorFlow, but importing the `tf_lossscale`
-package imports TensorFlow, a few seconds at start. It needs `libcst`:
-`pip install tf-lossscale[upgrade]`.
-
-`upgrade_source` rewrites one module's text and reports what it did. A name is
-rewritten however TensorFlow was imported:
+The migration tool lives in the `tf_lossscale_upgrade` package, which never
+imports TensorFlow; this module re-exports it under the documented name (and
+`python -m tf_lossscale.upgrade` runs its command line). See
+`tf_lossscale_upgrade` for the details.
 
 >>> from tf_lossscale.upgrade import upgrade_source
->>> result = upgrade_source(
+>>> print(upgrade_source(
 ...     "import tensorflow as tf\\n"
-...     "opt = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD())\\n")
->>> print(result.code, end="")
+...     "s = tf.mixed_precision.experimental.FixedLossScale(8)\\n").code, end="")
 import tensorflow as tf
 import tf_lossscale
-opt = tf_lossscale.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD())
->>> for finding in result.findings:
-...   print(finding.line, finding.describe())
-2 tf.keras.mixed_precision.LossScaleOptimizer -> tf_lossscale.keras.mixed_precision.LossScaleOptimizer
-
-An import whose every use has a tf_lossscale twin is rewritten instead of the
-uses, so the code keeps its style:
-
->>> result = upgrade_source(
-...     "from tensorflow.keras.mixed_precision import experimental as mixed_precision\\n"
-...     "opt = mixed_precision.LossScaleOptimizer(opt, loss_scale='dynamic')\\n")
->>> print(result.code, end="")
-from tf_lossscale.keras.mixed_precision import experimental as mixed_precision
-opt = mixed_precision.LossScaleOptimizer(opt, loss_scale='dynamic')
-
-A name that only looks like TensorFlow's is left alone:
-
->>> code = "import mixed_precision\\nopt = mixed_precision.LossScaleOptimizer(opt)\\n"
->>> upgrade_source(code).code == code
-True
+s = tf_lossscale.mixed_precision.experimental.FixedLossScale(8)
 """
 
-from tf_lossscale._src.upgrade import Finding, Result, main, upgrade_source
+from tf_lossscale_upgrade import Finding, Result, main, upgrade_source
 
 __all__ = ["Finding", "Result", "main", "upgrade_source"]

@@ -2,6 +2,9 @@
 
 import abc
 
+import keras
+import tensorflow as tf
+
 # The hyperparameters TF 2.4's OptimizerV2 of each kind exposed (`_set_hyper`),
 # by class name. For optimizers without `_hyper` (Keras 3, new tf_keras) these
 # names are delegated when the inner optimizer has such an attribute.
@@ -152,6 +155,24 @@ class Family(abc.ABC):
     """In replica context: applies `grads` to `variables` through the inner
     optimizer, which all-reduces them only if `aggregate`; returns an op,
     None, or nothing that has to leave a `tf.cond` branch."""
+
+  def compute_gradients(self, loss, var_list, grad_loss, tape):
+    """The (gradient, variable) pairs of `loss` (already scaled: a tensor
+    computed on `tape`, or a callable) for `var_list` (variables, or a
+    callable returning them), for `minimize`. With the tape; a family whose
+    optimizers compute gradients through hooks of their own overrides it."""
+    with tape:
+      if not callable(var_list):
+        # A Keras 3 variable is watched through the TensorFlow variable holding its value.
+        tape.watch(
+          [v.value if isinstance(v, keras.Variable) else v for v in tf.nest.flatten(var_list)]
+        )
+      if callable(loss):
+        loss = loss()
+    if callable(var_list):
+      var_list = var_list()
+    var_list = tf.nest.flatten(var_list)
+    return list(zip(tape.gradient(loss, var_list, grad_loss), var_list, strict=True))
 
   @abc.abstractmethod
   def count_skipped_step(self):

@@ -117,6 +117,14 @@ class Keras3Family(base.Family):
 
   def __init__(self, inner):
     super().__init__(inner)
+    if getattr(inner, "loss_scale_factor", None) is not None:
+      # Its `apply` would divide the gradients the wrapper unscaled once more
+      # (keras-team/keras#21233); the wrapper's loss scale replaces it.
+      tf.get_logger().warning(
+        f"LossScaleOptimizer sets loss_scale_factor={inner.loss_scale_factor!r} of the inner "
+        f"{type(inner).__name__} to None: the LossScaleOptimizer's loss scale replaces it."
+      )
+      inner.loss_scale_factor = None
     self._reduce = framework_internals.keras3_reduce_once(
       inner, lambda optimizer: id(optimizer) in _applying_reduced()
     )
@@ -199,6 +207,11 @@ class Keras3Family(base.Family):
       applying.discard(id(self.inner))
 
   def count_skipped_step(self):
+    if getattr(self.inner, "gradient_accumulation_steps", None):
+      # The counter also places each micro-step in its accumulation window:
+      # a skipped micro-step is dropped, not counted, so the window still
+      # averages that many finite micro-batches (as Keras 3's own wrapper).
+      return
     framework_internals.keras3_step_counter(self.inner).assign_add(1)
 
   def hyperparameter_names(self):

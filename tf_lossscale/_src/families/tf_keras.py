@@ -17,7 +17,9 @@ from tf_lossscale._src.families import base, tf_keras_legacy
 
 
 class TfKerasOptimizerApi(
-  tf_keras.optimizers.Optimizer, framework_internals.tf_keras_base_loss_scale_optimizer()
+  tf_keras.optimizers.Optimizer,
+  framework_internals.tf_keras_base_loss_scale_optimizer(),
+  metaclass=tf_keras_legacy.ArgumentsAsGiven,
 ):
   """tf_keras's optimizer API of the wrapper, on the inner optimizer's state."""
 
@@ -25,6 +27,10 @@ class TfKerasOptimizerApi(
   def variables(self):
     """The inner optimizer's variables (the loss scale's are not included)."""
     return self._optimizer.variables
+
+  def set_weights(self, weights):
+    """Sets the inner optimizer's variables (the `.h5` format's restore)."""
+    self._optimizer.set_weights(weights)
 
   def build(self, var_list):
     """Creates the inner optimizer's variables for `var_list`."""

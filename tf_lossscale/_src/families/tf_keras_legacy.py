@@ -23,8 +23,22 @@ _SELF_AGGREGATING_STRATEGIES = (
 )
 
 
+class ArgumentsAsGiven(type(framework_internals.tf_keras_base_loss_scale_optimizer())):
+  """tf_keras's loss-scale-optimizer metaclass, passing constructor arguments on as given.
+
+  Its own `__call__` passes the inner optimizer on positionally, which a
+  subclass taking keywords only refuses (Horovod's rebuild of `type(opt)`,
+  whose `__init__(self, **kwargs)` gets `cls.from_config`'s keywords).
+  """
+
+  def __call__(cls, *args, **kwargs):
+    return type.__call__(cls, *args, **kwargs)
+
+
 class OptimizerV2Api(
-  tf_keras.optimizers.legacy.Optimizer, framework_internals.tf_keras_base_loss_scale_optimizer()
+  tf_keras.optimizers.legacy.Optimizer,
+  framework_internals.tf_keras_base_loss_scale_optimizer(),
+  metaclass=ArgumentsAsGiven,
 ):
   """OptimizerV2's API of the wrapper, delegated to the inner optimizer."""
 
@@ -68,6 +82,11 @@ class OptimizerV2Api(
 
   def _create_all_weights(self, var_list):
     framework_internals.v2_create_all_weights(self._optimizer, var_list)
+
+  def _decayed_lr(self, var_dtype):
+    """The inner optimizer's current learning rate (its schedule and `decay`
+    at its `iterations`), a tensor of `var_dtype`."""
+    return framework_internals.v2_decayed_lr(self._optimizer, var_dtype)
 
   def _aggregate_gradients(self, grads_and_vars):
     return framework_internals.v2_aggregate_gradients(self._optimizer, grads_and_vars)
@@ -136,6 +155,16 @@ class OptimizerV2Family(base.Family):
   def unknown_variables(self, variables):
     del variables  # OptimizerV2 creates the slots of a new variable when it comes.
     return []
+
+  def compute_gradients(self, loss, var_list, grad_loss, tape):
+    # As TF 2.4's wrapper: the inner optimizer's own computation (its name
+    # scope, loss transform and dtype check) on the scaled loss.
+    grads_and_vars = framework_internals.v2_compute_gradients(
+      self.inner, loss, var_list, grad_loss, tape
+    )
+    if grads_and_vars is None:
+      return super().compute_gradients(loss, var_list, grad_loss, tape)
+    return grads_and_vars
 
   def reduce_gradients(self, grads_and_vars):
     return framework_internals.v2_aggregate_gradients(self.inner, grads_and_vars)

@@ -7,7 +7,6 @@ file's imports are read. Values are the tf_lossscale name it becomes.
 """
 
 import dataclasses
-import re
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,20 +253,6 @@ def same_object(first, second):
 def is_private_or_gone(module):
   """Whether importing `module` is what a migration should remove."""
   return module.startswith(_PRIVATE_ROOT) or module in GONE
-
-
-_WORTH_PARSING = re.compile(r"mixed_precision|LossScale|loss_scale")
-
-
-def worth_parsing(code):
-  """A cheap test: False means the code cannot use any name in NAMES.
-
-  Resolving a name needs an import of `tensorflow`, and the path to every name
-  in NAMES spells one of the words searched for: in the name (`LossScale...`),
-  or in a module on the way, which the import or the attribute chain spells
-  (the policy functions are all under a `mixed_precision` module).
-  """
-  return "tensorflow" in code and _WORTH_PARSING.search(code) is not None
 
 
 def markdown_table():

@@ -1,7 +1,8 @@
 """Rewrites one Python source: TensorFlow's loss-scaling names become tf_lossscale's.
 
-How a name is found: libcst's scope analysis gives every import binding (`tf`,
-`mixed_precision`, `LossScaleOptimizer`, ...) and every reference to it, and a
+How a name is found: scope analysis gives every import binding (`tf`,
+`mixed_precision`, `LossScaleOptimizer`, ...) and every reference to it (see
+`_bindings`; libcst's ScopeProvider where that cannot tell), and a
 reference's attribute chain is resolved from the binding's import
 (`tf.keras.mixed_precision.LossScaleOptimizer` with `import tensorflow as tf` is
 `tensorflow.keras.mixed_precision.LossScaleOptimizer`). A name is rewritten only
@@ -23,7 +24,7 @@ import re
 import libcst as cst
 from libcst import helpers, metadata
 
-from tf_lossscale._src.upgrade import _names
+from tf_lossscale_upgrade import _bindings, _names, _prefilter
 
 REWRITE = "rewrite"
 NOT_REWRITTEN = "not rewritten"
@@ -82,6 +83,12 @@ _KERAS_LSO = frozenset(
 
 _OURS = "tf_lossscale"
 
+# False: always libcst's ScopeProvider (the tests compare both ways).
+_FAST_BINDINGS = True
+# Either kind of import binding and module scope: `_bindings`' or ScopeProvider's.
+_IMPORT_ASSIGNMENT = (metadata.ImportAssignment, _bindings.ImportAssignment)
+_GLOBAL_SCOPE = (metadata.GlobalScope, _bindings.GlobalScope)
+
 
 def upgrade_source(code):
   """Rewrites TF 2.x-era loss-scaling names in one Python module's text.
@@ -96,8 +103,13 @@ def upgrade_source(code):
   Raises:
     libcst.ParserSyntaxError: If `code` is not valid Python.
   """
-  if not _names.worth_parsing(code):
+  if not _prefilter.worth_parsing(code):
     return Result(code, ())
+  return upgrade_parsed(code)
+
+
+def upgrade_parsed(code):
+  """`upgrade_source` without the pre-filter (for callers that ran it already)."""
   module = cst.parse_module(code)
   plan = _Planner(module, keras3_code=_is_keras3_code(code))
   plan.run()
@@ -128,7 +140,7 @@ def _dotted_expr(name):
 class _Binding:
   """A name bound by an import: `tf`, `mixed_precision`, `tensorflow.compat.v1`."""
 
-  assignment: metadata.ImportAssignment
+  assignment: object  # an import binding: `_bindings.ImportAssignment` or libcst's
   target: str  # what the name denotes, e.g. "tensorflow.keras.mixed_precision"
   alias: cst.ImportAlias
   statement: cst.CSTNode  # the Import or ImportFrom
@@ -139,7 +151,7 @@ class _Binding:
 class _Use:
   """A reference through a binding, resolved as far as the known names go."""
 
-  access: metadata.Access
+  access: object  # `_bindings.Access` or libcst's `metadata.Access`
   node: cst.CSTNode  # the expression naming `name`
   name: str  # fully qualified TF name or module
   kind: str  # "name" (in NAMES), "module" (a module used as a value), "unknown"
@@ -150,9 +162,14 @@ class _Planner:
 
   def __init__(self, module, keras3_code):
     self.wrapper = metadata.MetadataWrapper(module, unsafe_skip_copy=True)
-    self.scopes = self.wrapper.resolve(metadata.ScopeProvider)
+    analysis = _bindings.analyse(module)
+    self.parents, self._order = analysis.parents, analysis.order
+    if _FAST_BINDINGS and analysis.scope is not None:
+      self.scopes = [analysis.scope]
+    else:
+      scopes = self.wrapper.resolve(metadata.ScopeProvider).values()
+      self.scopes = list({scope for scope in scopes if scope is not None})
     self._positions = None  # computed when first needed: most files report nothing
-    self.parents, self._order = _structure(module)
     self.keras3_code = keras3_code
     self.findings = []
     self.expressions = {}  # node -> replacement expression (dotted name)
@@ -196,14 +213,13 @@ class _Planner:
   # Analysis ---------------------------------------------------------------
 
   def run(self):
-    scopes = {scope for scope in self.scopes.values() if scope is not None}
     bindings = []
-    for scope in scopes:
+    for scope in self.scopes:
       for assignment in scope.assignments:
         binding = self._binding(assignment)
         if binding is not None:
           bindings.append(binding)
-    self._find_prefix(scopes)
+    self._find_prefix(self.scopes)
     bindings.sort(key=lambda b: self._order[b.alias])
     for binding in bindings:
       self._plan_binding(binding)
@@ -216,7 +232,7 @@ class _Planner:
     if assignment in self._bindings:
       return self._bindings[assignment]
     binding = None
-    if isinstance(assignment, metadata.ImportAssignment):
+    if isinstance(assignment, _IMPORT_ASSIGNMENT):
       binding = self._import_binding(assignment)
     self._bindings[assignment] = binding
     return binding
@@ -258,7 +274,7 @@ class _Planner:
     imported, taken = [], False
     for scope in scopes:
       for assignment in scope.assignments:
-        if isinstance(scope, metadata.GlobalScope) and _ours_alias(assignment) is not None:
+        if isinstance(scope, _GLOBAL_SCOPE) and _ours_alias(assignment) is not None:
           imported.append(assignment.name)
         elif assignment.name == _OURS:
           taken = True
@@ -467,7 +483,7 @@ class _Planner:
     # `import a.b.c` also binds `a` and `a.b`, which another import may bind too.
     for assignment in binding.assignment.scope.assignments:
       if not (
-        isinstance(assignment, metadata.ImportAssignment)
+        isinstance(assignment, _IMPORT_ASSIGNMENT)
         and assignment.node is binding.statement
         and (full + ".").startswith(assignment.name + ".")
       ):
@@ -476,7 +492,7 @@ class _Planner:
         if access in self._spelled_out:
           continue
         if not any(
-          isinstance(other, metadata.ImportAssignment) and other.node is not binding.statement
+          isinstance(other, _IMPORT_ASSIGNMENT) and other.node is not binding.statement
           for other in access.referents
         ):
           return False
@@ -528,9 +544,7 @@ def _no_equivalent(name):
 
 def _ours_alias(assignment):
   """The alias of `import tf_lossscale [as x]` behind `assignment`, or None."""
-  if not (
-    isinstance(assignment, metadata.ImportAssignment) and isinstance(assignment.node, cst.Import)
-  ):
+  if not (isinstance(assignment, _IMPORT_ASSIGNMENT) and isinstance(assignment.node, cst.Import)):
     return None
   for alias in assignment.node.names:
     full = _dotted(alias.name)
@@ -551,33 +565,6 @@ def _is_store_target(node, parent):
   if isinstance(parent, cst.Del) and parent.target is node:
     return True
   return False
-
-
-class _StructureRecorder(cst.CSTVisitor):
-  """Records each node's parent and its rank in source order, in one cheap pass."""
-
-  def __init__(self):
-    super().__init__()
-    self.parents = {}
-    self.order = {}
-    self._stack = []
-
-  def on_visit(self, node):
-    if self._stack:
-      self.parents[node] = self._stack[-1]
-    self.order[node] = len(self.order)
-    self._stack.append(node)
-    return True
-
-  def on_leave(self, original_node):
-    self._stack.pop()
-
-
-def _structure(module):
-  """`({node: parent}, {node: rank in source order})` (cheaper than libcst's providers)."""
-  recorder = _StructureRecorder()
-  module.visit(recorder)
-  return recorder.parents, recorder.order
 
 
 class _Applier(cst.CSTTransformer):

@@ -11,7 +11,7 @@ import re
 
 import libcst as cst
 
-from tf_lossscale._src.upgrade import _rewrite
+from tf_lossscale_upgrade import _prefilter, _rewrite
 
 _BOUNDARY = "# tf-lossscale-upgrade: cell {}"
 _MASK = "# tf-lossscale-upgrade: ipython {}"
@@ -47,6 +47,10 @@ class Notebook:
     source = self.data["cells"][index].get("source", "")
     return source if isinstance(source, str) else "".join(source)
 
+  def worth_parsing(self):
+    """False when the code cells have nothing to rewrite or report (see `_prefilter`)."""
+    return _prefilter.worth_parsing("".join(self.cell_source(index) for index in self.code_cells))
+
   def upgrade(self):
     """Rewrites the code cells.
 
@@ -54,6 +58,8 @@ class Notebook:
       `({cell index: new source}, findings)`: the cells that changed, and the
       findings with `line` counted within their cell, in `(cell, finding)` pairs.
     """
+    if not self.worth_parsing():
+      return {}, []
     masked_cells, masks = {}, {}
     for index in self.code_cells:
       masked, cell_masks = _mask(self.cell_source(index), first=len(masks))

@@ -7,11 +7,12 @@ import difflib
 import io
 import os
 import sys
+import time
 import tokenize
 
 import libcst as cst
 
-from tf_lossscale._src.upgrade import _names, _notebook, _rewrite
+from tf_lossscale_upgrade import _names, _notebook, _prefilter, _rewrite
 
 _DESCRIPTION = """\
 Rewrites TensorFlow 2.x-era loss-scaling code (tf.keras.mixed_precision.LossScaleOptimizer,
@@ -44,6 +45,7 @@ class _FileResult:
   report: tuple = ()  # (location, Finding) pairs
   error: str = ""
   encoding: str = "utf-8"
+  parsed: bool = False  # False: the pre-filter showed nothing to do, no parse
 
   @property
   def changed(self):
@@ -60,6 +62,7 @@ def main(argv=None):
     0 on success, 1 when `--check` finds a file to change, 2 on an error.
   """
   args = _parser().parse_args(argv)
+  started, cpu_started = time.perf_counter(), _cpu_seconds()
   if args.list_names:
     sys.stdout.write(_names.markdown_table())
     return 0
@@ -71,7 +74,8 @@ def main(argv=None):
       paths.append(path)
     else:
       paths.extend(_walk(path))
-  results = _process(paths, args.jobs)
+  workers = args.jobs if _parallel(paths, args.jobs) else 1
+  results = _process(paths, workers)
   status = 0
   for result in results:
     if result.error:
@@ -87,6 +91,16 @@ def main(argv=None):
       sys.stdout.write(result.diff)
   if not args.quiet:
     print(_summary(results, args), file=sys.stderr)
+  if args.stats:
+    parsed = sum(r.parsed for r in results)
+    processes = f"{workers} worker processes" if workers > 1 else "1 process"
+    print(
+      f"tf-lossscale-upgrade: stats: {len(results)} files, {parsed} parsed, "
+      f"{len(results) - parsed} skipped by the pre-filter; "
+      f"{time.perf_counter() - started:.2f} s wall, "
+      f"{_cpu_seconds() - cpu_started:.2f} s CPU (this process and its workers), {processes}",
+      file=sys.stderr,
+    )
   if status == 0 and args.check and any(r.changed for r in results):
     status = 1
   return status
@@ -119,6 +133,11 @@ def _parser():
     help="worker processes for many files (default: one per CPU)",
   )
   parser.add_argument(
+    "--stats",
+    action="store_true",
+    help="print how many files were parsed or skipped, and the wall and CPU seconds",
+  )
+  parser.add_argument(
     "--list-names", action="store_true", help="print the table of names rewritten, and exit"
   )
   return parser
@@ -139,14 +158,32 @@ def _walk(root):
   return found
 
 
-def _process(paths, jobs):
+def _parallel(paths, jobs):
+  return jobs > 1 and sum(1 for p in paths if p != "-") >= _PARALLEL_FROM
+
+
+def _cpu_seconds():
+  """CPU seconds of this process and of its children that have ended (the workers)."""
+  times = os.times()
+  return times.user + times.system + times.children_user + times.children_system
+
+
+def _process(paths, workers):
   files = [p for p in paths if p != "-"]
-  if jobs > 1 and len(files) >= _PARALLEL_FROM:
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-      done = dict(zip(files, pool.map(_upgrade_path, files, chunksize=16)))
+  if workers > 1:
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+      done = dict(zip(files, pool.map(_upgrade_path_in_worker, files, chunksize=16)))
   else:
     done = {}
   return [done[p] if p in done else _upgrade_path(p) for p in paths]
+
+
+def _upgrade_path_in_worker(path):
+  """`_upgrade_path`, without the text of a file that does not change (none to send back)."""
+  result = _upgrade_path(path)
+  if not result.changed:
+    result.old = result.new = ""
+  return result
 
 
 def _upgrade_path(path):
@@ -172,7 +209,11 @@ def _upgrade_path(path):
 
 
 def _upgrade_python(result):
-  upgraded = _rewrite.upgrade_source(result.old)
+  result.new = result.old
+  result.parsed = _prefilter.worth_parsing(result.old)
+  if not result.parsed:
+    return
+  upgraded = _rewrite.upgrade_parsed(result.old)
   result.new = upgraded.code
   result.report = tuple((f"{result.path}:{f.line}", f) for f in upgraded.findings)
   if result.changed:
@@ -181,6 +222,7 @@ def _upgrade_python(result):
 
 def _upgrade_notebook(result):
   notebook = _notebook.Notebook(result.old)
+  result.parsed = notebook.worth_parsing()
   changed, findings = notebook.upgrade()
   result.report = tuple(
     (f"{result.path}:cell_{cell + 1}:{finding.line}", finding) for cell, finding in findings
