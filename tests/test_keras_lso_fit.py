@@ -113,7 +113,10 @@ def test_keras3_fit_under_mirrored_strategy_takes_plain_keras_steps(policy):
   for replica in ours:
     np.testing.assert_allclose(replica, [step**3, step**3], rtol=1e-3)
   if all(np.array_equal(replica, plain[0]) for replica in plain):
-    np.testing.assert_allclose(ours, plain, rtol=1e-3)
+    # (Under mixed_float16 Keras wraps the plain one in its own loss scale, whose
+    # first steps overflow and are skipped: no reference there.)
+    if policy == "float32":
+      np.testing.assert_allclose(ours, plain, rtol=1e-3)
   else:  # Keras < 3.5: no all-reduce, each copy steps on its replica's coordinate only.
     assert plain[0][1] == plain[1][0] == 1.0
 

@@ -211,6 +211,11 @@ def test_aggregation_hook_inside_ours_runs_once_before_the_check(family, strateg
   """LossScaleOptimizer(hvd-style inner): the hook's result decides skip or apply."""
   if not hasattr(type(common.make_inner(family)), _AGGREGATION_HOOKS[family]):
     pytest.skip("this Keras 3 has no all-reduce hook (Keras < 3.3 does not all-reduce)")
+  if family == "keras3" and strategy.num_replicas_in_sync > 1 and not helpers.keras3_all_reduces():
+    pytest.skip(
+      "Keras 3.3 and 3.4 call this hook in cross-replica context, with per-replica values "
+      "(a Horovod-style hook fails there without us too)"
+    )
   with strategy.scope():
     var = tf.Variable([1.0, 1.0])
     inner = _inner_with_horovod_hook(family, tf.constant(other_rank), learning_rate=0.5)

@@ -298,9 +298,12 @@ def keras3_reduce_once(inner, applying_reduced):
       reduction would multiply every gradient by the number of replicas.
   """
   reduce = getattr(inner, "_all_reduce_sum_gradients", None)
-  if not callable(reduce) and callable(getattr(inner, "_distributed_apply_gradients_fn", None)):
-    # Keras 3.0 to 3.2 apply each replica's gradients as they are (no
-    # all-reduce at all): reduce them here, with the public replica context.
+  # Keras 3.0 to 3.2 apply each replica's gradients as they are (no all-reduce
+  # at all), in `_distributed_apply_gradients_fn` (3.0) or
+  # `_distributed_tf_update_step` (3.1, 3.2): reduce them here, with the public
+  # replica context.
+  applies_unreduced = ("_distributed_apply_gradients_fn", "_distributed_tf_update_step")
+  if not callable(reduce) and any(callable(getattr(inner, n, None)) for n in applies_unreduced):
     return _all_reduce_sum
   if not callable(reduce):
     raise _changed(

@@ -874,7 +874,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     # Keras 3 optimizers count steps in a variable of their own, created with
     # them; Keras < 3.5 let the attribute be rebound, which would leave the
     # counter the optimizer tracks and saves behind: refused on every Keras 3.
-    if not isinstance(self._optimizer, keras.optimizers.Optimizer):
+    if not issubclass(self._family, families.keras3.Keras3Family):
       self._optimizer.iterations = variable
       return
     raise AttributeError(
