@@ -32,7 +32,6 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from tf_lossscale._src import families, framework_internals, scale_state, validation
