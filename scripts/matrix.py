@@ -299,7 +299,11 @@ def main():
     description=__doc__.split("\n\n")[0],
     epilog="Other arguments go to pytest, e.g. `scripts/test-matrix --rows oldest -x -k fit`.",
   )
-  parser.add_argument("--rows", help="comma-separated row names (default: every row)")
+  parser.add_argument(
+    "--rows",
+    help="comma-separated row names, run in that order (default: every row); the table "
+    "lists them in the matrix's order",
+  )
   parser.add_argument("--list", action="store_true", help="print the rows and exit")
   parser.add_argument(
     "--setup-only", action="store_true", help="create or update the venvs, run no tests"
@@ -319,7 +323,8 @@ def main():
     help="the Python that creates the venvs (default: $PYTHON or python3)",
   )
   args, pytest_args = parser.parse_known_args()
-  rows = pick_rows(read_matrix(), args.rows)
+  matrix = read_matrix()
+  rows = pick_rows(matrix, args.rows)
   if args.list:
     for row in rows:
       state = "venv ready" if any(row.venv.glob(".ready-*")) else "no venv yet"
@@ -339,6 +344,7 @@ def main():
       more = len(result.failures) - MAX_LISTED_FAILURES
       print(f"       {f'... {more} more; ' if more > 0 else ''}log: {result.row.pytest_log}")
     sys.stdout.flush()
+  results.sort(key=lambda result: matrix.index(result.row))
   print()
   print(text_table(results))
   if args.markdown and not args.setup_only:

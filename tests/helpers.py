@@ -13,12 +13,15 @@ KERAS3_OPTIMIZERS_CHECKPOINT = issubclass(
   keras.optimizers.Optimizer, tf.__internal__.tracking.Trackable
 )
 
-# `gradient_accumulation_steps` (of the base optimizer's constructor) is not in Keras 3.0.0.
-KERAS3_ACCUMULATES = any(
-  "gradient_accumulation_steps" in inspect.signature(cls.__init__).parameters
-  for cls in keras.optimizers.SGD.__mro__
-  if "__init__" in vars(cls)
-)
+
+def keras3_has_option(name):
+  """Whether the installed Keras 3's optimizers take the constructor option `name`
+  (`gradient_accumulation_steps` and `loss_scale_factor` came after Keras 3.0.0)."""
+  return any(
+    name in inspect.signature(cls.__init__).parameters
+    for cls in keras.optimizers.SGD.__mro__
+    if "__init__" in vars(cls)
+  )
 
 
 @functools.cache

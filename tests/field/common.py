@@ -1,7 +1,5 @@
 """Helpers shared by the field tests (import as `from field import common`)."""
 
-import inspect
-
 import keras
 import numpy as np
 import pytest
@@ -23,9 +21,8 @@ _SHARED = {}
 
 
 def needs_keras3_option(name):
-  """Skips a test where the installed Keras 3's optimizers lack the option `name`
-  (`gradient_accumulation_steps` and `loss_scale_factor` came after Keras 3.0)."""
-  present = name in inspect.signature(keras.optimizers.SGD.__init__).parameters
+  """Skips a test where the installed Keras 3's optimizers lack the option `name`."""
+  present = helpers.keras3_has_option(name)
   return pytest.mark.skipif(not present, reason=f"Keras {keras.__version__} has no {name}")
 
 

@@ -218,6 +218,16 @@ class Policy(_NAME_PARSING_POLICY):
       interpreted.
   """
 
+  def __new__(cls, *args, **kwargs):
+    parent_new = super().__new__
+    if parent_new is object.__new__:
+      return parent_new(cls)
+    # Keras 3.2's `DTypePolicy.__new__` takes the name alone (a copy passes it
+    # too) and checks it with its own wording: check it first, as TF 2.4 did.
+    name = args[0] if args else kwargs["name"]
+    _check_policy_name(name)
+    return parent_new(cls, name)
+
   def __init__(self, name, loss_scale="auto"):
     _check_policy_name(name)
     super().__init__(name)
@@ -353,8 +363,9 @@ def get_layer_policy(layer):
   Warning: This function is deprecated. Use `layer.dtype_policy` instead.
 
   >>> from tf_lossscale.keras.mixed_precision import experimental as mixed_precision
-  >>> mixed_precision.get_layer_policy(tf.keras.layers.Dense(2, dtype='float64'))
-  <DTypePolicy "float64">
+  >>> policy = mixed_precision.get_layer_policy(tf.keras.layers.Dense(2, dtype='float64'))
+  >>> policy.name, policy.compute_dtype, policy.variable_dtype
+  ('float64', 'float64', 'float64')
 
   Args:
     layer: A Keras 3 (or tf_keras) layer.
