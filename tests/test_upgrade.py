@@ -628,7 +628,7 @@ def test_many_files_the_pre_filter_skips_only_files_with_nothing_to_do(tmp_path,
   from tf_lossscale_upgrade import _cli, _prefilter
 
   paths = _many_files(tmp_path)
-  assert len(paths) > 200
+  assert len(paths) > 150  # About 200: this repository's share moves with its files.
   filtered = {r.path: r for r in _cli._process(paths, 1)}
   monkeypatch.setattr(_prefilter, "worth_parsing", lambda code: True)
   unfiltered = {r.path: r for r in _cli._process(paths, 1)}
