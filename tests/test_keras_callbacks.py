@@ -171,8 +171,11 @@ def test_warns_once_with_the_numbers_when_the_scale_sits_at_its_minimum():
   monitor = callbacks.LossScaleMonitor(min_scale_patience=3)
   with pytest.warns(callbacks.LossScaleMinimumWarning) as caught:
     history = _fit(model, x, y, batch, [monitor])
-  assert len(caught) == 1
-  message = str(caught[0].message)
+  # Only ours: some Keras releases warn of their own during `fit` (3.12: NumPy's
+  # `__array__` copy keyword).
+  ours = [w for w in caught if issubclass(w.category, callbacks.LossScaleMinimumWarning)]
+  assert len(ours) == 1
+  message = str(ours[0].message)
   assert "minimum (0.5, min_loss_scale) through the last 3 training steps" in message
   assert "(at step 5; 5 steps skipped in all)" in message
   assert history.history["loss_scale"] == [0.5, 0.5]
