@@ -46,6 +46,21 @@ def keras3_all_reduces():
   return len({float(v.numpy()[0]) for v in strategy.experimental_local_results(var)}) == 1
 
 
+def plain_step_outcome(strategy, optimizer, var, grad):
+  """`optimizer.apply_gradients([(grad, var)])` on every replica of `strategy`, once, in
+  a tf.function: (the ValueError's message, None) if it fails, else (None, var's value)."""
+
+  @tf.function
+  def step():
+    strategy.run(lambda: optimizer.apply_gradients([(tf.constant(grad), var)]))
+
+  try:
+    step()
+  except ValueError as e:
+    return str(e), None
+  return None, var.numpy().tolist()
+
+
 def need_plain_keras3_all_reduce(strategy):
   """Skips a test comparing with plain Keras 3 optimizers across replicas where those
   do not all-reduce (Keras < 3.5): there is no plain reference there."""

@@ -64,16 +64,7 @@ def _plain_keras3_step_under_central_storage():
   with strategy.scope():
     var = tf.Variable([1.0])
     opt = keras.optimizers.SGD(0.5)
-
-  @tf.function
-  def step():
-    strategy.run(lambda: opt.apply_gradients([(tf.constant([1.0]), var)]))
-
-  try:
-    step()
-  except ValueError as e:
-    return str(e), None
-  return None, var.numpy().tolist()
+  return helpers.plain_step_outcome(strategy, opt, var, [1.0])
 
 
 def test_plain_keras3_under_central_storage_strategy():

@@ -80,16 +80,7 @@ def _plain_keras3_schedule_step_under_mirrored():
     var = tf.Variable([1.0, 1.0])
     opt = keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(1.0, 1, 0.5))
     opt.build([var])
-
-  @tf.function
-  def step():
-    strategy.run(lambda: opt.apply_gradients([(tf.constant([1.0, 2.0]), var)]))
-
-  try:
-    step()
-  except ValueError as e:
-    return str(e), None
-  return None, var.numpy().tolist()
+  return helpers.plain_step_outcome(strategy, opt, var, [1.0, 2.0])
 
 
 def test_plain_keras3_schedule_under_mirrored_strategy():
