@@ -95,9 +95,39 @@ def test_cond_is_a_call_of_its_branches_on_one_cpu(api):
   step = tf.function(make_step(opt, variables))
   _run_and_check(step, variables, _scale_of(api, opt))
   graph = step.get_concrete_function(tf.constant(1.0)).graph
-  # One If: the check's exact fallback is nested in its skip branch.
+  # The apply's If, and the check's (its exact fallback when the quick check
+  # fails): both are calls of their branches.
   assert _lowering_of_top_level_ifs(graph) == [False]
-  assert _lowering_of_top_level_ifs(graph, with_resources=False) == []
+  assert _lowering_of_top_level_ifs(graph, with_resources=False) == [False]
+
+
+class _CountingSGD(tf.keras.optimizers.SGD):
+  traced = 0
+
+  def update_step(self, gradient, variable, learning_rate):
+    _CountingSGD.traced += 1
+    return super().update_step(gradient, variable, learning_rate)
+
+
+class _CountingGradientDescent(tf.compat.v1.train.GradientDescentOptimizer):
+  def _resource_apply_dense(self, grad, handle):
+    _CountingSGD.traced += 1
+    return super()._resource_apply_dense(grad, handle)
+
+
+@pytest.mark.parametrize("api", sorted(_STEPS))
+def test_the_apply_is_traced_once_per_variable(api):
+  # The apply runs after the quick check or after the exact one: built in
+  # both, a model's whole update would be traced (and compiled) twice.
+  if api == "keras":
+    opt = LossScaleOptimizer(_CountingSGD(0.25), initial_scale=8.0)
+  else:
+    opt = MixedPrecisionLossScaleOptimizer(_CountingGradientDescent(0.25), "dynamic")
+  variables = [tf.Variable(np.full([3], 4.0, np.float32)) for _ in range(3)]
+  step = tf.function(_STEPS[api][1](opt, variables))
+  _CountingSGD.traced = 0
+  _run_and_check(step, variables, _scale_of(api, opt))
+  assert _CountingSGD.traced == len(variables)
 
 
 @pytest.mark.parametrize("api", sorted(_STEPS))

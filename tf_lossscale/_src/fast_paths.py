@@ -9,9 +9,12 @@ tf_lossscale turns every one of them off (docs/benchmarks.md measures each).
   or an overflow of finite values) runs TF 2.4's element-wise check, so no
   finite step is ever skipped (`quick_and_exact`). Under XLA with few
   gradients, TF 2.4's element-wise check runs by itself.
-* In a function graph the check and the apply share one If op
-  (`apply_if_finite`), kept as a call of its branch functions where that is
-  safe (`cond`); in a TF1 graph one Switch gates the apply (`switch_cond`).
+* In a function graph the apply's If op is kept as a call of its branch
+  functions where that is safe (`cond`); in a TF1 graph one Switch gates the
+  apply (`switch_cond`). The check has an If of its own: one If for both
+  would trace the apply twice (it must run after the quick check and after
+  the exact one), which made the first step slower and, called as one traced
+  function, every step too.
 * Eagerly, the check, the transition and the assigns (skipped-step count
   included) run as one call of a graph function (`OneCall`), and so does the
   unscale of many gradients.
@@ -341,37 +344,6 @@ def cond(pred, true_fn, false_fn):
   return result
 
 
-def _returning(value, fn):
-  """A cond branch running `fn` and then returning the bool `value`."""
-
-  def branch():
-    done = [x for x in tf.nest.flatten(fn()) if x is not None]
-    with tf.control_dependencies(done):
-      return tf.constant(value)
-
-  return branch
-
-
-def _fuse_check_and_apply():
-  """Whether the check and the apply can share one If: in a function graph,
-  outside strategies (whose verdict is reduced across replicas first) and
-  outside XLA, which would compile the apply twice (it is in both branches).
-  A TF1 graph gates the apply with one Switch instead (see `switch_cond`)."""
-  if tf.executing_eagerly() or tf.distribute.has_strategy() or _plain_graph():
-    return False
-  return _in_xla() is False
-
-
-def apply_if_finite(values, apply_fn, skip_fn):
-  """The check and the conditional apply in one If op when the quick check
-  passes (the common case), two nested ones when it does not."""
-  quick, exact = quick_and_exact(values)
-  apply, skip = _returning(True, apply_fn), _returning(False, skip_fn)
-  if exact is None:
-    return cond(quick, apply, skip)
-  return cond(quick, apply, lambda: cond(exact(), apply, skip))
-
-
 def _settings_as_tensors(settings):
   """The settings as tensors: eagerly a constant operand would let Grappler
   turn the division by the multiplier into a multiplication by its
@@ -447,14 +419,9 @@ def update_scale_variables(
       cond(finite, apply_fn, skip_fn)
     return None, finite
   ops = []
-  if apply_fn is not None and _fuse_check_and_apply():
-    finite = apply_if_finite(
-      [algorithm.gradient_values(g) for g in flat if g is not None], apply_fn, skip_fn
-    )
-  else:
-    finite = algorithm.replicas_all_finite(flat, grads_in_sync, check=all_finite)
-    if apply_fn is not None:
-      ops = [op for op in tf.nest.flatten(cond(finite, apply_fn, skip_fn)) if op is not None]
+  finite = algorithm.replicas_all_finite(flat, grads_in_sync, check=all_finite)
+  if apply_fn is not None:
+    ops = [op for op in tf.nest.flatten(cond(finite, apply_fn, skip_fn)) if op is not None]
   state = [tf.convert_to_tensor(scale_var), tf.convert_to_tensor(counter_var), finite]
   if eager_outside_strategies():
     next_scale, next_counter = _next_state_call(state + _settings_as_tensors(settings))
