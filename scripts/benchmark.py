@@ -461,10 +461,14 @@ class Config:
   run: object = dataclasses.field(default=None, repr=False)
 
   @property
+  def times_ms(self):
+    """The mean step time of each round, in the chosen clock."""
+    return self.wall_ms if self.clock == "wall" else self.cpu_ms
+
+  @property
   def median_ms(self):
     """Median over rounds of the mean step time, in the chosen clock."""
-    times = self.wall_ms if self.clock == "wall" else self.cpu_ms
-    return statistics.median(times) if times else None
+    return statistics.median(self.times_ms) if self.times_ms else None
 
   def fail(self, exc):
     if isinstance(exc, NotApplicable):
@@ -715,6 +719,24 @@ def _ratio(a, b, notes):
   return f"{a.median_ms / b.median_ms:.2f}x"
 
 
+def _against_peer(ours, peer):
+  """ours/peer round by round (the two ran interleaved in each): the middle
+  half of those ratios, and whether ours is at most the peer: "yes" when the
+  median ratio is, "noise" when not but the lower quartile is (a quarter of
+  the rounds or more), else "no"."""
+  if ours is None or peer is None or "ok" != ours.status or "ok" != peer.status:
+    return "-", "-"
+  each = [o / p for o, p in zip(ours.times_ms, peer.times_ms, strict=False)]
+  if len(each) < 2:
+    return "-", "-"
+  low, middle, high = statistics.quantiles(each, n=4, method="inclusive")
+  if middle <= 1:
+    verdict = "yes"
+  else:
+    verdict = "noise" if low <= 1 else "no"
+  return f"{low:.2f}–{high:.2f}", verdict
+
+
 def _overhead(cfg, plain):
   if cfg is None or plain is None or cfg.status != "ok" or plain.status != "ok":
     return None
@@ -793,6 +815,8 @@ def detail_table(configs, families, memory_kind, notes):
     "ours ms",
     "ours/plain",
     "ours/peer",
+    "ours/peer per round, middle half",
+    "ours ≤ peer",
     "first call s (plain/peer/ours)",
     f"peak MiB, {memory_kind} (plain/peer/ours)",
   ]
@@ -805,7 +829,7 @@ def detail_table(configs, families, memory_kind, notes):
         continue
       cells = [f"{_label(key)} · {f}", _ms(plain, notes)]
       cells += [_ms(floor, notes), _ms(gated, notes), _ms(peer, notes), _ms(ours, notes)]
-      cells += [_ratio(ours, plain, notes), _ratio(ours, peer, notes)]
+      cells += [_ratio(ours, plain, notes), _ratio(ours, peer, notes), *_against_peer(ours, peer)]
       cells += [
         _num((plain, peer, ours), "first_call_s", ".2f"),
         _num((plain, peer, ours), "peak_mib", ".0f"),
@@ -829,6 +853,8 @@ def fit_table(configs, memory_kind, notes):
     "peer ms/step",
     "ours ms/step",
     "ours/peer",
+    "ours/peer per round, middle half",
+    "ours ≤ peer",
     "first epoch s (peer/ours)",
     "first epoch ours - peer s (each pair)",
     f"peak MiB, {memory_kind} (peer/ours)",
@@ -845,7 +871,8 @@ def fit_table(configs, memory_kind, notes):
         each = ", ".join(f"{o - p:+.2f}" for o, p in pairs)
         extra = f"{ours.first_call_s - peer.first_call_s:+.2f} ({each})"
       cells = [f"{key[0]} · {key[1]} · {f}", _ms(peer, notes), _ms(ours, notes)]
-      cells += [_ratio(ours, peer, notes), _num((peer, ours), "first_call_s", ".2f"), extra]
+      cells += [_ratio(ours, peer, notes), *_against_peer(ours, peer)]
+      cells += [_num((peer, ours), "first_call_s", ".2f"), extra]
       cells.append(_num((peer, ours), "peak_mib", ".0f"))
       lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
