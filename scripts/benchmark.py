@@ -724,7 +724,7 @@ def _against_peer(ours, peer):
   half of those ratios, and whether ours is at most the peer: "yes" when the
   median ratio is, "noise" when not but the lower quartile is (a quarter of
   the rounds or more), else "no"."""
-  if ours is None or peer is None or "ok" != ours.status or "ok" != peer.status:
+  if ours is None or peer is None or ours.status != "ok" or peer.status != "ok":
     return "-", "-"
   each = [o / p for o, p in zip(ours.times_ms, peer.times_ms, strict=False)]
   if len(each) < 2:
