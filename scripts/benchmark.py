@@ -326,17 +326,21 @@ def _make_optimizer(family, impl, optimizer, lr):
 _FLOOR_SCALE = 2.0**15
 
 
-def _floor_grads(grads):
+def _floor_grads(impl, grads):
   from tf_lossscale._src import fast_paths
 
   grads = [g * (1 / _FLOOR_SCALE) for g in grads]
   finite, _ = fast_paths.quick_and_exact(grads)
-  if fast_paths._in_xla():
+  if impl == "floor" and fast_paths._in_xla():
     # XLA drops control dependencies between computations: without a use of
     # its result the check would be compiled away, and the floor with it.
     # Times 1.0 on a finite step: the apply waits for the check, as any
-    # exact skip's must.
-    grads = [g * tf.cast(finite, g.dtype) for g in grads]
+    # exact skip's must. The verdict goes through a reduction, which XLA
+    # computes once: as a scalar expression it was recomputed in every
+    # apply's fusion, and with 100 gradients compiled twice as slowly. (In
+    # floor+cond the conditional uses it.)
+    keep = tf.reduce_min(tf.cast(tf.stack([finite, finite]), tf.float32))
+    grads = [g * tf.cast(keep, g.dtype) for g in grads]
   return grads, finite
 
 
@@ -357,7 +361,7 @@ def _floor_v1(impl, opt, variables, loss_fn, tensor_loss=False):
   # `tensor_loss` in a TF1 graph, as `minimize(loss_fn())` there (tf.gradients, not a tape).
   loss = lambda: loss_fn() * _FLOOR_SCALE  # noqa: E731
   pairs = opt.compute_gradients(loss() if tensor_loss else loss, var_list=variables)
-  grads, finite = _floor_grads([g for g, _ in pairs])
+  grads, finite = _floor_grads(impl, [g for g, _ in pairs])
   return _floor_apply(impl, finite, lambda: opt.apply_gradients(zip(grads, variables, strict=True)))
 
 
@@ -384,7 +388,7 @@ def _make_step(family, impl, opt, variables, loss_fn):
         loss = opt.get_scaled_loss(loss)
     grads = tape.gradient(loss, variables)
     if impl in FLOORS:
-      grads, finite = _floor_grads(grads)
+      grads, finite = _floor_grads(impl, grads)
       _floor_apply(impl, finite, lambda: opt.apply_gradients(zip(grads, variables, strict=True)))
       return
     if impl != "plain" and not (impl == "peer" and family == "keras3"):

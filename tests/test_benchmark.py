@@ -185,16 +185,18 @@ def test_inner_optimizers_are_the_named_kind(benchmark, family, optimizer):
     assert momentum == pytest.approx(0.9 if optimizer == "momentum" else 0.0)
 
 
-def test_the_xla_floor_keeps_its_finiteness_check(benchmark):
+@pytest.mark.parametrize("impl", ["floor", "gated"])
+def test_the_xla_floors_keep_their_finiteness_check(benchmark, impl):
   # XLA compiles away what only a control dependency waits for: the floor's
-  # apply must use the check's verdict, or it measures a step without one.
+  # apply must use the check's verdict (floor+cond's conditional does), or it
+  # measures a step without one.
   import tensorflow as tf
 
   variables, loss_fn = benchmark.WORKLOADS["tiny"].build()
-  opt = benchmark._make_optimizer("keras3", "floor", "sgd", 0.5)  # pylint: disable=protected-access
+  opt = benchmark._make_optimizer("keras3", impl, "sgd", 0.5)  # pylint: disable=protected-access
   opt.build(variables)
   step = tf.function(
-    benchmark._make_step("keras3", "floor", opt, variables, loss_fn),  # pylint: disable=protected-access
+    benchmark._make_step("keras3", impl, opt, variables, loss_fn),  # pylint: disable=protected-access
     jit_compile=True,
   )
   hlo = step.experimental_get_compiler_ir()(stage="optimized_hlo")

@@ -105,13 +105,15 @@ class _CountingSGD(tf.keras.optimizers.SGD):
   traced = 0
 
   def update_step(self, gradient, variable, learning_rate):
-    _CountingSGD.traced += 1
+    self.traced += 1
     return super().update_step(gradient, variable, learning_rate)
 
 
 class _CountingGradientDescent(tf.compat.v1.train.GradientDescentOptimizer):
+  traced = 0
+
   def _resource_apply_dense(self, grad, handle):
-    _CountingSGD.traced += 1
+    self.traced += 1
     return super()._resource_apply_dense(grad, handle)
 
 
@@ -120,14 +122,15 @@ def test_the_apply_is_traced_once_per_variable(api):
   # The apply runs after the quick check or after the exact one: built in
   # both, a model's whole update would be traced (and compiled) twice.
   if api == "keras":
-    opt = LossScaleOptimizer(_CountingSGD(0.25), initial_scale=8.0)
+    inner = _CountingSGD(0.25)
+    opt = LossScaleOptimizer(inner, initial_scale=8.0)
   else:
-    opt = MixedPrecisionLossScaleOptimizer(_CountingGradientDescent(0.25), "dynamic")
+    inner = _CountingGradientDescent(0.25)
+    opt = MixedPrecisionLossScaleOptimizer(inner, "dynamic")
   variables = [tf.Variable(np.full([3], 4.0, np.float32)) for _ in range(3)]
   step = tf.function(_STEPS[api][1](opt, variables))
-  _CountingSGD.traced = 0
   _run_and_check(step, variables, _scale_of(api, opt))
-  assert _CountingSGD.traced == len(variables)
+  assert inner.traced == len(variables)
 
 
 @pytest.mark.parametrize("api", sorted(_STEPS))

@@ -219,20 +219,35 @@ def _cpu_only():
   return all(d.device_type == "CPU" for d in tf.config.list_logical_devices())
 
 
-def _resource_device(tensor):
-  """The device of a resource tensor, following captures out of functions.
+def _outer_of():
+  """`outer(tensor)`: the tensor a function's capture stands for, None for a
+  function argument; one map per graph (rebuilt per tensor, it was quadratic
+  in the number of variables)."""
+  maps = {}
+
+  def outer(tensor):
+    graph = tensor.graph
+    if id(graph) not in maps:
+      captures = getattr(graph, "captures", ())
+      maps[id(graph)] = graph, {id(internal): external for external, internal in captures}
+    return maps[id(graph)][1].get(id(tensor))
+
+  return outer
+
+
+def _resource_device(tensor, outer):
+  """The device of a resource tensor, following captures out of functions
+  (`outer`, from `_outer_of`).
 
   Returns "" for a handle no device is assigned to (the placer then puts it
   with the others) and None when the device is only known at run time.
   """
   while not tensor.device:
-    graph = tensor.graph
     if tensor.op.type in ("VarHandleOp", "VariableV2"):
       return ""
-    outer = {id(internal): external for external, internal in getattr(graph, "captures", ())}
-    if id(tensor) not in outer:
+    tensor = outer(tensor)
+    if tensor is None:
       return None  # A function argument.
-    tensor = outer[id(tensor)]
   return tf.DeviceSpec.from_string(tensor.device).to_string()
 
 
@@ -247,7 +262,8 @@ def _run_branches_as_functions(if_op):
   """
   if tf.distribute.has_strategy() or not _cpu_only():
     return
-  devices = {_resource_device(t) for t in if_op.inputs[1:] if t.dtype == tf.resource}
+  outer = _outer_of()
+  devices = {_resource_device(t, outer) for t in if_op.inputs[1:] if t.dtype == tf.resource}
   devices.discard("")
   if None not in devices and len(devices) <= 1:
     framework_internals.keep_as_function_call(if_op)
