@@ -35,6 +35,7 @@ def test_tiny_run_reports_every_config_in_json_and_markdown(benchmark, tmp_path)
       "--block-seconds=0",
       f"--json={path}",
       "--optimizer=sgd,momentum,adam",
+      "--first-calls=2",
     ],
     out=out,
   )
@@ -53,6 +54,8 @@ def test_tiny_run_reports_every_config_in_json_and_markdown(benchmark, tmp_path)
     if row["status"] == "ok":
       assert len(row["wall_ms"]) == len(row["cpu_ms"]) == 2, key
       assert row["median_ms"] > 0 and row["first_call_s"] > 0, key
+      assert len(row["first_calls_s"]) == 2, key
+      assert row["first_call_s"] == pytest.approx(sum(row["first_calls_s"]) / 2), key
     else:
       assert row["reason"] and row["median_ms"] is None, key
   assert all(row["status"] == "ok" for row in rows.values()), rows  # Floors eagerly too.
@@ -239,3 +242,42 @@ def test_each_mode_is_warmed_up_before_anything_is_measured(benchmark, monkeypat
     ("tiny", "graph", 2),
   ]
   assert len(results["results"]) == 2 * len(benchmark.IMPLS)  # The warm-up is not reported.
+
+
+def test_first_calls_are_taken_on_new_optimizers_in_alternating_order(benchmark, monkeypatch):
+  # One first call per configuration, always in the same order, moved by what
+  # ran before it; the median of several, alternating, is what is reported.
+  prepared = []
+  real = benchmark._prepare_graph  # pylint: disable=protected-access
+
+  def recording(cfg, args, workload):
+    real(cfg, args, workload)
+    prepared.append((cfg.impl, cfg.run))
+
+  monkeypatch.setattr(benchmark, "_prepare_graph", recording)
+  args = benchmark.parse_args(
+    ["--workloads=tiny", "--modes=graph", "--optimizer=sgd", "--first-calls=3"]
+  )
+  args.rounds, args.block_seconds = 1, 0
+  configs = benchmark.run_workload_mode(
+    benchmark.WORKLOADS["tiny"], "graph", "sgd", args, lambda msg: None
+  )
+  impls = list(benchmark.IMPLS)
+  assert [impl for impl, _ in prepared] == impls + impls[::-1] + impls
+  assert len({id(run) for _, run in prepared}) == len(prepared)  # A new one each time.
+  for cfg in configs:
+    assert cfg.status == "ok", cfg.reason
+    assert len(cfg.first_calls_s) == 3
+    assert cfg.first_call_s == sorted(cfg.first_calls_s)[1]
+
+
+def test_the_first_call_ratio_shows_each_repeat(benchmark):
+  def config(impl, firsts):
+    cfg = benchmark.Config("w", "xla", "keras3", impl, first_calls_s=firsts)
+    cfg.first_call_s = sorted(firsts)[1]
+    return cfg
+
+  ours, plain = config("ours", [1.3, 2.6, 1.2]), config("plain", [1.0, 2.0, 1.0])
+  assert benchmark._first_call_ratio(ours, plain) == "1.30x (1.30, 1.30, 1.20)"  # pylint: disable=protected-access
+  plain.status = "fail"
+  assert benchmark._first_call_ratio(ours, plain) == "-"  # pylint: disable=protected-access
