@@ -660,12 +660,17 @@ def run_workload_mode(workload, mode, optimizer, args, log):
   # A first call is one measurement, and it moves by tenths of its time
   # between runs and with what ran before it: each is taken
   # `args.first_calls` times on a new optimizer and function, in alternating
-  # order, and the median kept. The last one of each is the one timed.
+  # order, and the median kept. The last one of each is the one timed. The
+  # others live until the mode ends, as the timed ones do: one run that freed
+  # them as it went died of a segmentation fault in the C++ unwinder (`cnn`
+  # under XLA); freed at the end of each mode, no run ever has.
+  earlier = []
   for repeat in range(args.first_calls):
     for cfg in configs if repeat % 2 == 0 else configs[::-1]:
       if cfg.status != "ok":
         continue
       try:
+        earlier.append(cfg.run)
         if mode == "graph":
           _prepare_graph(cfg, args, workload)
         else:
