@@ -635,6 +635,28 @@ def _measure(live, args, per=None):
     live = [c for c in live if c.run is not None]
 
 
+def _maps_left():
+  """How many more memory maps this process may create, or None if unknown.
+
+  XLA on a CPU keeps every function it compiled for the life of the process,
+  in about a thousand memory maps for a model like `cnn`; past the kernel's
+  limit (`vm.max_map_count`, 65,530 by default) the next compilation crashes
+  the process. A run that would get near it is better split: one process per
+  workload, family or optimizer, the results merged with `--from-json`.
+  """
+  try:
+    with open("/proc/sys/vm/max_map_count") as f:
+      limit = int(f.read())
+    with open("/proc/self/maps") as f:
+      return limit - sum(1 for _ in f)
+  except (OSError, ValueError):
+    return None
+
+
+# Kept free for one more compilation: `cnn` under XLA took 1,200-3,000 maps.
+_MAPS_RESERVE = 8000
+
+
 def _timed(fn):
   start = time.perf_counter()
   fn()
@@ -660,17 +682,18 @@ def run_workload_mode(workload, mode, optimizer, args, log):
   # A first call is one measurement, and it moves by tenths of its time
   # between runs and with what ran before it: each is taken
   # `args.first_calls` times on a new optimizer and function, in alternating
-  # order, and the median kept. The last one of each is the one timed. The
-  # others live until the mode ends, as the timed ones do: one run that freed
-  # them as it went died of a segmentation fault in the C++ unwinder (`cnn`
-  # under XLA); freed at the end of each mode, no run ever has.
-  earlier = []
+  # order, and the median kept. The last one of each is the one timed.
   for repeat in range(args.first_calls):
     for cfg in configs if repeat % 2 == 0 else configs[::-1]:
       if cfg.status != "ok":
         continue
       try:
-        earlier.append(cfg.run)
+        left = _maps_left() if mode == "xla" else None
+        if left is not None and left < _MAPS_RESERVE:
+          raise NotApplicable(
+            f"{left} memory maps left to this process, fewer than {_MAPS_RESERVE} (XLA keeps "
+            "what it compiled): run fewer workloads, families or optimizers per process"
+          )
         if mode == "graph":
           _prepare_graph(cfg, args, workload)
         else:
@@ -996,7 +1019,8 @@ def parse_args(argv):
   )
   parser.add_argument(
     "--from-json",
-    help="print the tables of an earlier (possibly incomplete) --json run; runs nothing",
+    help="print the tables of earlier (possibly incomplete) --json runs, comma-separated, "
+    "as one; runs nothing",
   )
   parser.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
   args = parser.parse_args(argv)
@@ -1044,6 +1068,18 @@ def _results(args, configs, seconds, complete):
     },
     "results": [c.to_json() for c in configs],
   }
+
+
+def _merged(runs):
+  """Several runs' results as one: the first run's settings, every row, the
+  seconds added up (see `_maps_left` for why a run is split)."""
+  if len(runs) == 1:
+    return runs[0]
+  meta = dict(runs[0]["meta"])
+  meta["seconds"] = round(sum(r["meta"]["seconds"] for r in runs), 1)
+  meta["complete"] = all(r["meta"]["complete"] for r in runs)
+  meta["loadavg"] = [max(r["meta"]["loadavg"][i] for r in runs) for i in range(3)]
+  return {"meta": meta, "results": [row for r in runs for row in r["results"]]}
 
 
 def _print_step_tables(configs, meta, notes, out):
@@ -1109,8 +1145,7 @@ def main(argv=None, out=sys.stdout):
   """Runs the benchmark, prints its tables; returns the JSON-able results."""
   args = parse_args(argv)
   if args.from_json:
-    with open(args.from_json) as f:
-      results = json.load(f)
+    results = _merged([json.load(open(path)) for path in args.from_json.split(",") if path])
     print_tables(results, out)
     return results
 

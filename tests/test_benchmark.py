@@ -281,3 +281,36 @@ def test_the_first_call_ratio_shows_each_repeat(benchmark):
   assert benchmark._first_call_ratio(ours, plain) == "1.30x (1.30, 1.30, 1.20)"  # pylint: disable=protected-access
   plain.status = "fail"
   assert benchmark._first_call_ratio(ours, plain) == "-"  # pylint: disable=protected-access
+
+
+def test_xla_first_calls_stop_short_of_the_process_s_memory_map_limit(benchmark, monkeypatch):
+  # XLA keeps every compiled function; past vm.max_map_count the next
+  # compilation crashes the process. Near it, a configuration is n/a instead.
+  assert benchmark._maps_left() > 0  # pylint: disable=protected-access
+  monkeypatch.setattr(benchmark, "_maps_left", lambda: 100)
+  args = benchmark.parse_args(["--workloads=tiny", "--modes=xla", "--optimizer=sgd"])
+  args.rounds, args.block_seconds = 1, 0
+  configs = benchmark.run_workload_mode(
+    benchmark.WORKLOADS["tiny"], "xla", "sgd", args, lambda msg: None
+  )
+  for cfg in configs:
+    assert cfg.status == "n/a" and "100 memory maps left" in cfg.reason, cfg.reason
+    assert "fewer workloads, families or optimizers per process" in cfg.reason
+
+
+def test_runs_split_over_processes_print_as_one(benchmark, tmp_path):
+  paths = []
+  for family in ("keras3", "v1"):
+    paths.append(tmp_path / f"{family}.json")
+    argv = ["--workloads=tiny", "--modes=eager", "--rounds=1", "--block-seconds=0"]
+    argv += ["--optimizer=sgd", f"--families={family}", "--first-calls=1", f"--json={paths[-1]}"]
+    benchmark.main(argv, out=io.StringIO())
+  out = io.StringIO()
+  merged = benchmark.main([f"--from-json={paths[0]},{paths[1]}"], out=out)
+  runs = [json.loads(p.read_text()) for p in paths]
+  assert merged["results"] == runs[0]["results"] + runs[1]["results"]
+  assert merged["meta"]["seconds"] == pytest.approx(
+    sum(r["meta"]["seconds"] for r in runs), abs=0.1
+  )
+  text = out.getvalue()
+  assert "| tiny · sgd · eager · keras3 |" in text and "| tiny · sgd · eager · v1 |" in text
