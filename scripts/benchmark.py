@@ -43,7 +43,9 @@ import platform
 import random
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -69,6 +71,8 @@ QUICK = {
   "skip": "vars100:eager,vars100:xla",
   "rounds": 5,
   "block_seconds": 0.05,
+  "first_calls": 1,
+  "xla_processes": False,
 }
 FULL = {
   "workloads": "mlp1m,mlp16m,vars500,cnn",
@@ -77,6 +81,8 @@ FULL = {
   "skip": "",
   "rounds": 9,
   "block_seconds": 0.25,
+  "first_calls": 3,
+  "xla_processes": True,
 }
 
 
@@ -726,6 +732,32 @@ def run_workload_mode(workload, mode, optimizer, args, log):
   return configs
 
 
+def run_in_child(name, mode, optimizer, family, args, log):
+  """`run_workload_mode` for one family, in a new process (see `_maps_left`:
+  XLA keeps what it compiled until the process ends)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "child.json")
+    argv = [sys.executable, os.path.abspath(__file__), f"--workloads={name}", f"--modes={mode}"]
+    argv += [f"--optimizer={optimizer}", f"--families={family}", f"--json={path}", "--fit="]
+    argv += [f"--rounds={args.rounds}", f"--block-seconds={args.block_seconds}"]
+    argv += [f"--max-steps={args.max_steps}", f"--first-calls={args.first_calls}"]
+    argv += [f"--clock={args.clock}", f"--lr={args.lr}", "--no-xla-processes"]
+    argv += ["--verbose"] if args.verbose else []
+    child = subprocess.run(argv, stdout=subprocess.DEVNULL, check=False)
+    try:
+      with open(path) as f:
+        rows = json.load(f)["results"]
+    except (OSError, ValueError):
+      rows = []
+  if rows:
+    return [Config(**{k: v for k, v in r.items() if k != "median_ms"}) for r in rows]
+  configs = [Config(name, mode, family, i, optimizer=optimizer, clock=args.clock) for i in IMPLS]
+  for cfg in configs:
+    cfg.fail(RuntimeError(f"its process exited with status {child.returncode}"))
+  log(f"  {family:8s} fail: its process exited with status {child.returncode}")
+  return configs
+
+
 # Report.
 
 
@@ -959,7 +991,7 @@ def parse_args(argv):
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
-  parser.add_argument("--quick", action="store_true", help=f"a run of about a minute: {QUICK}")
+  parser.add_argument("--quick", action="store_true", help=f"a run of a few minutes: {QUICK}")
   parser.add_argument(
     "--workloads", help=f"comma-separated, from {','.join(WORKLOADS)}; default {FULL['workloads']}"
   )
@@ -996,9 +1028,15 @@ def parse_args(argv):
   parser.add_argument(
     "--first-calls",
     type=int,
-    default=3,
     help="first calls (trace, compile, one step) timed per configuration, each on a new "
-    "optimizer and function; the median is reported (default %(default)s)",
+    f"optimizer and function; the median is reported (default {FULL['first_calls']}, "
+    f"{QUICK['first_calls']} with --quick)",
+  )
+  parser.add_argument(
+    "--xla-processes",
+    action=argparse.BooleanOptionalAction,
+    help="run each workload x optimizer x family under XLA in its own process (default; "
+    "not with --quick): XLA keeps what it compiles for the life of a process",
   )
   parser.add_argument(
     "--clock",
@@ -1165,6 +1203,8 @@ def main(argv=None, out=sys.stdout):
     **{**vars(args), "rounds": 1, "block_seconds": 0.01, "first_calls": 1}
   )
   for mode in args.modes if args.workloads else ():
+    if mode == "xla" and args.xla_processes:
+      continue  # Each child warms itself up.
     run_workload_mode(WORKLOADS["tiny"], mode, args.optimizer[0], warm_up, lambda msg: None)
   configs = []
   for name in args.workloads:
@@ -1173,7 +1213,11 @@ def main(argv=None, out=sys.stdout):
         continue
       for optimizer in args.optimizer:
         log(f"{name} · {optimizer} · {mode}")
-        configs += run_workload_mode(WORKLOADS[name], mode, optimizer, args, log)
+        if mode == "xla" and args.xla_processes:
+          for family in args.families:
+            configs += run_in_child(name, mode, optimizer, family, args, log)
+        else:
+          configs += run_workload_mode(WORKLOADS[name], mode, optimizer, args, log)
         save(_results(args, configs, time.perf_counter() - start, complete=False))
   for name in args.fit:
     for optimizer in args.fit_optimizer:
