@@ -1116,7 +1116,8 @@ def _merged(runs):
   meta = dict(runs[0]["meta"])
   meta["seconds"] = round(sum(r["meta"]["seconds"] for r in runs), 1)
   meta["complete"] = all(r["meta"]["complete"] for r in runs)
-  meta["loadavg"] = [max(r["meta"]["loadavg"][i] for r in runs) for i in range(3)]
+  loads = [r["meta"]["loadavg"] for r in runs]
+  meta["loadavg"] = [max(column) for column in zip(*loads, strict=True)] if all(loads) else None
   return {"meta": meta, "results": [row for r in runs for row in r["results"]]}
 
 
@@ -1183,7 +1184,11 @@ def main(argv=None, out=sys.stdout):
   """Runs the benchmark, prints its tables; returns the JSON-able results."""
   args = parse_args(argv)
   if args.from_json:
-    results = _merged([json.load(open(path)) for path in args.from_json.split(",") if path])
+    runs = []
+    for path in args.from_json.split(","):
+      with open(path) as f:
+        runs.append(json.load(f))
+    results = _merged(runs)
     print_tables(results, out)
     return results
 
