@@ -10,6 +10,8 @@
   graph function instead of op by op, with the same numbers.
 """
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -391,6 +393,12 @@ FAST_CHECK_TRAPS = {
     lambda: [tf.concat([tf.ones([100_000]), tf.constant([NAN])], 0)],
     False,
   ),
+  # The sum overflows, so the exact check decides, over concatenated chunks of small gradients.
+  "overflow_across_many_small_grads": (lambda: [tf.constant([BIG])] * 5 + [tf.ones([2])], True),
+  "nan_in_a_later_chunk_after_an_overflow": (
+    lambda: [tf.constant([BIG])] * 2 + [tf.ones([1]), tf.ones([2]), tf.constant([NAN])],
+    False,
+  ),
   "inf_in_float16_beside_float32": (
     lambda: [tf.ones([3]), tf.constant([1.0, INF], tf.float16)],
     False,
@@ -405,16 +413,29 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("mode", [*MODES, "xla_if"])
+@pytest.mark.parametrize("mode", [*MODES, "xla_if", "xla_if_small_chunks"])
 @pytest.mark.parametrize("grads, expected", FAST_CHECK_TRAPS.values(), ids=FAST_CHECK_TRAPS)
 def test_all_finite_skips_exactly_on_nan_or_inf_never_on_overflow(
   grads, expected, mode, monkeypatch
 ):
-  if mode == "xla_if":  # Under XLA, few gradients are checked with no If: check the If too.
+  # Under XLA, few gradients are checked with no If: check the If too.
+  if mode.startswith("xla_if"):
     monkeypatch.setattr(fast_paths, "XLA_IF_FREE_UP_TO", 0)
+    if mode == "xla_if_small_chunks":  # The If's exact check, over several concatenations.
+      monkeypatch.setattr(fast_paths, "_STACKED_MAX_ELEMENTS", 3)
     mode = "xla"
   grads = grads()
   assert bool(MODES[mode](lambda: fast_paths.all_finite(grads))()) is expected
+
+
+def test_xla_exact_check_of_many_gradients_is_one_reduction_per_chunk():
+  # One reduction per gradient in the exact fallback was hundreds of kernels for XLA to
+  # compile with a real model's gradients (docs/benchmarks.md); the quick sums stay one each.
+  grads = [tf.fill([3, 2], float(i)) for i in range(40)]
+  check = tf.function(lambda: fast_paths.all_finite(grads), jit_compile=True)
+  hlo = check.experimental_get_compiler_ir()(stage="hlo")
+  assert len(re.findall(r" reduce\(", hlo)) == len(grads) + 1
+  assert bool(check())
 
 
 def _fused_step(grads):

@@ -100,15 +100,31 @@ def _each_finite(values):
   return _all(flags)
 
 
-def _times_zero_finite(values, sum_all):
-  """Exact as well: finite * 0 is 0, Inf * 0 and NaN * 0 are NaN, and a sum of
-  zeros cannot overflow. XLA fuses the multiply into the reduction."""
-  zeros, sums = {}, []
-  for v in values:
-    if v.dtype not in zeros:
-      zeros[v.dtype] = tf.zeros([], v.dtype)
-    sums.append(tf.cast(sum_all(tf.raw_ops.Mul(x=v, y=zeros[v.dtype])), tf.float32))
-  return tf.math.is_finite(sums[0] if len(sums) == 1 else tf.add_n(sums))
+def _concatenated_finite(values):
+  """TF 2.4's element-wise check in few reductions, for XLA's fallback.
+
+  Gradients of one dtype are flattened and concatenated into chunks of at
+  most `_STACKED_MAX_ELEMENTS` elements (a larger gradient is a chunk by
+  itself), one reduction per chunk: with one per gradient, XLA compiled
+  hundreds of kernels for a branch that rarely runs (MobileNetV2, 158
+  gradients: 423 of the step's 1,932).
+  """
+  chunks = []
+  for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
+    chunk, size = [], 0
+    for v in values:
+      if v.dtype != dtype:
+        continue
+      n = v.shape.num_elements()
+      n = _STACKED_MAX_ELEMENTS if n is None else n
+      if chunk and size + n > _STACKED_MAX_ELEMENTS:
+        chunks.append(chunk)
+        chunk, size = [], 0
+      chunk.append(tf.reshape(v, [-1]))
+      size += n
+    chunks.append(chunk)
+  all_of = functools.partial(_over_all_axes(), tf.raw_ops.All)
+  return _all([all_of(tf.math.is_finite(c[0] if len(c) == 1 else tf.concat(c, 0))) for c in chunks])
 
 
 def quick_and_exact(values):
@@ -125,7 +141,8 @@ def quick_and_exact(values):
 
   Under XLA with few gradients `quick` is TF 2.4's element-wise check, exact
   by itself: the If the fallback needs made XLA copy large variables once
-  more a step; with many gradients the If-free check compiles more slowly.
+  more a step; with many gradients the If-free check compiles more slowly,
+  and the fallback reads them in concatenated chunks (`_concatenated_finite`).
   XLA on a CPU splits a large reduction in two and writes its input out
   first: a boolean per element there costs a quarter of the float32 a sum
   (or a sum of the gradient times zero) would write.
@@ -147,7 +164,7 @@ def quick_and_exact(values):
   if not summed:
     return _all(flags) if flags else tf.constant(True), None
   if xla:
-    return _all(flags), lambda: _times_zero_finite(values, _summer())
+    return _all(flags), lambda: _concatenated_finite(values)
   return _all(flags), lambda: _each_finite(values)
 
 
