@@ -395,6 +395,10 @@ FAST_CHECK_TRAPS = {
   ),
   # The sum overflows, so the exact check decides, over concatenated chunks of small gradients.
   "overflow_across_many_small_grads": (lambda: [tf.constant([BIG])] * 5 + [tf.ones([2])], True),
+  "nan_in_an_earlier_chunk": (
+    lambda: [tf.constant([BIG]), tf.constant([NAN]), tf.ones([2]), tf.ones([1])],
+    False,
+  ),
   "nan_in_a_later_chunk_after_an_overflow": (
     lambda: [tf.constant([BIG])] * 2 + [tf.ones([1]), tf.ones([2]), tf.constant([NAN])],
     False,
@@ -413,28 +417,30 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("mode", [*MODES, "xla_if", "xla_if_small_chunks"])
+@pytest.mark.parametrize("mode", [*MODES, "xla_small_chunks", "xla_if", "xla_if_small_chunks"])
 @pytest.mark.parametrize("grads, expected", FAST_CHECK_TRAPS.values(), ids=FAST_CHECK_TRAPS)
 def test_all_finite_skips_exactly_on_nan_or_inf_never_on_overflow(
   grads, expected, mode, monkeypatch
 ):
-  # Under XLA, few gradients are checked with no If: check the If too.
-  if mode.startswith("xla_if"):
+  if mode.endswith("small_chunks"):  # The element-wise check, over several concatenations.
+    monkeypatch.setattr(fast_paths, "_GROUPED_MAX_ELEMENTS", 2)
+    monkeypatch.setattr(fast_paths, "_STACKED_MAX_ELEMENTS", 3)
+  if mode.startswith("xla_if"):  # Under XLA, few gradients are checked with no If: the If too.
     monkeypatch.setattr(fast_paths, "XLA_IF_FREE_UP_TO", 0)
-    if mode == "xla_if_small_chunks":  # The If's exact check, over several concatenations.
-      monkeypatch.setattr(fast_paths, "_STACKED_MAX_ELEMENTS", 3)
-    mode = "xla"
+  mode = "xla" if mode.startswith("xla") else mode
   grads = grads()
   assert bool(MODES[mode](lambda: fast_paths.all_finite(grads))()) is expected
 
 
-def test_xla_exact_check_of_many_gradients_is_one_reduction_per_chunk():
-  # One reduction per gradient in the exact fallback was hundreds of kernels for XLA to
-  # compile with a real model's gradients (docs/benchmarks.md); the quick sums stay one each.
-  grads = [tf.fill([3, 2], float(i)) for i in range(40)]
+@pytest.mark.parametrize("count, reductions", [(6, 1), (40, 41)])
+def test_xla_reads_small_gradients_concatenated(count, reductions):
+  # A reduction per gradient in the element-wise check was a kernel or more for XLA to
+  # compile per gradient (docs/benchmarks.md). Few gradients: the whole check is one
+  # reduction; many: one sum each (they keep the step faster), then the exact fallback's one.
+  grads = [tf.fill([3, i + 1], float(i)) for i in range(count)]
   check = tf.function(lambda: fast_paths.all_finite(grads), jit_compile=True)
   hlo = check.experimental_get_compiler_ir()(stage="hlo")
-  assert len(re.findall(r" reduce\(", hlo)) == len(grads) + 1
+  assert len(re.findall(r" reduce\(", hlo)) == reductions
   assert bool(check())
 
 
