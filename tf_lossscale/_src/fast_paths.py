@@ -7,8 +7,9 @@ tf_lossscale turns every one of them off (docs/benchmarks.md measures each).
 * The check reads each float32/float64 gradient once, with a sum: a finite
   total proves every element finite; only a non-finite total (an Inf or NaN,
   or an overflow of finite values) runs TF 2.4's element-wise check, so no
-  finite step is ever skipped (`quick_and_exact`). Under XLA with few
-  gradients, TF 2.4's element-wise check runs by itself.
+  finite step is ever skipped (`quick_and_exact`). Under XLA the
+  element-wise check reads small gradients concatenated, and with few
+  gradients it runs by itself.
 * In a function graph the apply's If op is kept as a call of its branch
   functions where that is safe (`cond`); in a TF1 graph one Switch gates the
   apply (`switch_cond`). The check has an If of its own: one If for both
