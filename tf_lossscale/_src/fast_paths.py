@@ -106,9 +106,9 @@ def _concatenated_finite(values):
 
   Gradients of up to `_GROUPED_MAX_ELEMENTS` elements are flattened and
   concatenated, per dtype, into chunks of at most `_STACKED_MAX_ELEMENTS`
-  elements; larger ones are read one by one. One reduction per gradient was
-  one more kernel or three for XLA to compile per gradient (MobileNetV2, 158
-  gradients: the fallback alone was 423 of the step's 1,932).
+  elements; larger ones are read one by one. A reduction per gradient meant
+  one to three more kernels per gradient for XLA to compile (MobileNetV2,
+  158 gradients: the fallback alone was 423 of the step's 1,932).
   """
   chunks = []
   for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
