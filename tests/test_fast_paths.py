@@ -407,6 +407,22 @@ FAST_CHECK_TRAPS = {
     lambda: [tf.ones([3]), tf.constant([1.0, INF], tf.float16)],
     False,
   ),
+  # Matrices (checked by products with zeros under XLA on a CPU in the "products" modes).
+  "rows_of_large_finite_values": (lambda: [tf.fill([4, 3], BIG), tf.fill([3, 5], -BIG)], True),
+  "large_finite_float64_matrix": (
+    lambda: [tf.fill([2, 3], tf.constant(1.7e308, tf.float64))],
+    True,
+  ),
+  "inf_and_minus_inf_in_one_row": (lambda: [tf.constant([[INF, -INF, 1.0]] * 2)], False),
+  "inf_in_the_first_element": (lambda: [tf.constant([[INF, 1.0, 1.0], [1.0] * 3])], False),
+  "nan_in_the_last_row": (
+    lambda: [tf.concat([tf.ones([3, 3]), tf.constant([[1.0, 1.0, NAN]])], 0)],
+    False,
+  ),
+  "inf_in_a_float64_matrix_beside_float32": (
+    lambda: [tf.ones([2, 3]), tf.constant([[1.0, 2.0, 3.0], [4.0, 5.0, INF]], tf.float64)],
+    False,
+  ),
 }
 
 MODES = {
@@ -417,17 +433,34 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("mode", [*MODES, "xla_small_chunks", "xla_if", "xla_if_small_chunks"])
+def _small_gradients_are_large(mode, monkeypatch):
+  """Sets the modes' limits so that the traps' few elements take the paths of
+  large gradients; returns the mode to run in."""
+  if mode.endswith(("small_chunks", "products")):
+    monkeypatch.setattr(fast_paths, "_GROUPED_MAX_ELEMENTS", 2)
+    monkeypatch.setattr(fast_paths, "_STACKED_MAX_ELEMENTS", 3)
+  if mode.endswith("small_chunks"):  # The element-wise check, over several concatenations.
+    monkeypatch.setattr(fast_paths, "_PRODUCT_MAX_COLUMNS", 0)
+  if mode.startswith("xla_if"):  # Under XLA, few gradients are checked with no If: the If too.
+    monkeypatch.setattr(fast_paths, "XLA_IF_FREE_UP_TO", 0)
+  return "xla" if mode.startswith("xla") else mode
+
+
+XLA_VARIANTS = [
+  "xla_small_chunks",
+  "xla_products",
+  "xla_if",
+  "xla_if_small_chunks",
+  "xla_if_products",
+]
+
+
+@pytest.mark.parametrize("mode", [*MODES, *XLA_VARIANTS])
 @pytest.mark.parametrize("grads, expected", FAST_CHECK_TRAPS.values(), ids=FAST_CHECK_TRAPS)
 def test_all_finite_skips_exactly_on_nan_or_inf_never_on_overflow(
   grads, expected, mode, monkeypatch
 ):
-  if mode.endswith("small_chunks"):  # The element-wise check, over several concatenations.
-    monkeypatch.setattr(fast_paths, "_GROUPED_MAX_ELEMENTS", 2)
-    monkeypatch.setattr(fast_paths, "_STACKED_MAX_ELEMENTS", 3)
-  if mode.startswith("xla_if"):  # Under XLA, few gradients are checked with no If: the If too.
-    monkeypatch.setattr(fast_paths, "XLA_IF_FREE_UP_TO", 0)
-  mode = "xla" if mode.startswith("xla") else mode
+  mode = _small_gradients_are_large(mode, monkeypatch)
   grads = grads()
   assert bool(MODES[mode](lambda: fast_paths.all_finite(grads))()) is expected
 
@@ -442,6 +475,23 @@ def test_xla_reads_small_gradients_concatenated(count, reductions):
   hlo = check.experimental_get_compiler_ir()(stage="hlo")
   assert len(re.findall(r" reduce\(", hlo)) == reductions
   assert bool(check())
+
+
+@pytest.mark.skipif(not fast_paths._cpu_only(), reason="products check large gradients on a CPU")
+@pytest.mark.parametrize("bad", [None, (0, 0, 0, INF), (1, 299, 299, -INF), (2, 150, 7, NAN)])
+def test_xla_checks_large_gradients_by_products(bad):
+  # Reductions were one to three kernels per gradient for XLA to compile; the products are
+  # library calls: two per large gradient, and one reduction for all of them.
+  values = [np.ones([300, 300], np.float32) for _ in range(3)]
+  if bad is not None:
+    grad, row, column, value = bad
+    values[grad][row, column] = value
+  grads = [tf.constant(v) for v in values]
+  check = tf.function(lambda: fast_paths.all_finite(grads), jit_compile=True)
+  hlo = check.experimental_get_compiler_ir()(stage="hlo")
+  assert len(re.findall(r" dot\(", hlo)) == 6
+  assert len(re.findall(r" reduce\(", hlo)) == 1
+  assert bool(check()) is (bad is None)
 
 
 def _fused_step(grads):
@@ -463,15 +513,13 @@ def _fused_step(grads):
   return step, (scale, counter, applied, skipped)
 
 
-@pytest.mark.parametrize("mode", ["function", "xla", "xla_if", "graph"])
+@pytest.mark.parametrize("mode", ["function", "xla", "xla_if", "xla_products", "graph"])
 @pytest.mark.parametrize("grads, expected", FAST_CHECK_TRAPS.values(), ids=FAST_CHECK_TRAPS)
 def test_check_fused_with_the_apply_decides_exactly_too(grads, expected, mode, monkeypatch):
   # In a function (not XLA's) the check and the conditional apply share one If op, with
   # the exact check nested in its skip branch; in a TF1 graph each is gated by a Switch;
   # under XLA few gradients are checked with no If: the same traps must hold everywhere.
-  if mode == "xla_if":
-    monkeypatch.setattr(fast_paths, "XLA_IF_FREE_UP_TO", 0)
-    mode = "xla"
+  mode = _small_gradients_are_large(mode, monkeypatch)
   if mode == "graph":
     with tf.Graph().as_default():
       step, state = _fused_step(grads)
@@ -525,9 +573,13 @@ def _xla_training(family, optimizer, monkeypatch, fast):
 
 @pytest.mark.parametrize("family", ["keras3", "tf_keras"])
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
-def test_xla_steps_with_slots_have_the_numbers_of_the_plain_path(family, optimizer, monkeypatch):
+@pytest.mark.parametrize("check", ["xla", "xla_products"])
+def test_xla_steps_with_slots_have_the_numbers_of_the_plain_path(
+  family, optimizer, check, monkeypatch
+):
   # Under XLA how the apply is placed decides how XLA fuses (and rounds) it: the fast
   # paths must leave every variable, slot and counter bit for bit as the plain path does,
   # skipped steps included.
+  _small_gradients_are_large(check, monkeypatch)
   fast = _xla_training(family, optimizer, monkeypatch, fast=True)
   assert fast == _xla_training(family, optimizer, monkeypatch, fast=False)

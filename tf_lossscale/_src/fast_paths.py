@@ -9,7 +9,8 @@ tf_lossscale turns every one of them off (docs/benchmarks.md measures each).
   or an overflow of finite values) runs TF 2.4's element-wise check, so no
   finite step is ever skipped (`quick_and_exact`). Under XLA the
   element-wise check reads small gradients concatenated, and with few
-  gradients it runs by itself.
+  gradients it runs by itself; on a CPU, large gradients are checked exactly
+  by products with zeros, which XLA runs as library calls.
 * In a function graph the apply's If op is kept as a call of its branch
   functions where that is safe (`cond`); in a TF1 graph one Switch gates the
   apply (`switch_cond`). The check has an If of its own: one If for both
@@ -43,6 +44,9 @@ def enabled():
 _GROUPED_MAX_ELEMENTS = 1 << 16
 # ...and, in the exact check, of at most this many elements per stacked chunk.
 _STACKED_MAX_ELEMENTS = 1 << 20
+# Under XLA on a CPU, gradients with at most this many columns (last axis) are
+# checked by products with a matrix of zeros that many rows tall.
+_PRODUCT_MAX_COLUMNS = 1 << 14
 # Under XLA, up to this many gradients are checked exactly with no If; more
 # step faster with the sums and the If.
 XLA_IF_FREE_UP_TO = 16
@@ -131,6 +135,46 @@ def _concatenated_finite(values):
   return _all([all_of(tf.math.is_finite(c)) for c in chunks])
 
 
+def _by_products(v):
+  """Whether `_products_finite` checks `v` (under XLA on a CPU): a large
+  float32/float64 gradient of rank 2 or more, not too wide for its zeros."""
+  return (
+    v.dtype in (tf.float32, tf.float64)
+    and v.shape.is_fully_defined()
+    and v.shape.rank >= 2
+    and v.shape.num_elements() > _GROUPED_MAX_ELEMENTS
+    and v.shape[-1] <= _PRODUCT_MAX_COLUMNS
+  )
+
+
+def _products_finite(values):
+  """TF 2.4's element-wise check of large gradients, as matrix products, for
+  XLA on a CPU.
+
+  Each gradient, seen as a matrix `G` (its last axis the columns), times a
+  matrix of zeros `Z` gives `V`, an entry per row: zero where the row is
+  finite, NaN where it holds an Inf or a NaN (Inf x 0 is NaN; a finite value
+  times zero is zero, so no sum can overflow); `V^T V` reduces `V` the same
+  way. XLA's CPU backend runs such products as library calls, so LLVM
+  compiles no kernel per gradient, where a reduction is one to three
+  (docs/benchmarks.md), and they read a large gradient faster. `Z` has two
+  columns: XLA compiles a product with a single column into a kernel of its
+  own. The zeros are the first element of a gradient times zero (NaN if that
+  element is not finite, which is then the right answer): unlike a constant,
+  nothing a compiler could fold away.
+  """
+  zero = tf.reshape(values[0], [-1])[0] * 0
+  zeros, products = {}, []
+  for v in values:
+    rows = tf.reshape(v, [-1, v.shape[-1]])
+    key = (rows.shape[1], v.dtype)
+    if key not in zeros:
+      zeros[key] = tf.fill([rows.shape[1], 2], tf.cast(zero, v.dtype))
+    per_row = tf.matmul(rows, zeros[key])
+    products.append(tf.cast(tf.matmul(per_row, per_row, transpose_a=True), tf.float32))
+  return tf.math.is_finite(tf.reduce_sum(products[0] if len(products) == 1 else tf.add_n(products)))
+
+
 def quick_and_exact(values):
   """The check in two parts: `(quick, exact)`.
 
@@ -143,23 +187,31 @@ def quick_and_exact(values):
   are checked element by element in `quick` already. `exact` is None when
   `quick` is exact by itself.
 
-  Under XLA the element-wise checks read small gradients concatenated
-  (`_concatenated_finite`), and with few gradients `quick` is that check,
-  exact by itself: the If the fallback needs made XLA copy large variables
-  once more a step. XLA on a CPU splits a large reduction in two and writes
-  its input out first: a boolean per element there costs a quarter of the
-  float32 a sum (or a sum of the gradient times zero) would write. With many
-  gradients the sums keep the step faster (500 gradients: 13.3 ms a step
-  against 15.0 ms with the concatenations).
+  Under XLA on a CPU, large float32/float64 gradients are checked exactly by
+  matrix products (`_products_finite`). Under XLA the element-wise checks
+  read small gradients concatenated (`_concatenated_finite`), and with few
+  gradients `quick` is that check, exact by itself: the If the fallback needs
+  made XLA copy large variables once more a step. XLA on a CPU splits a
+  large reduction in two and writes its input out first: a boolean per
+  element there costs a quarter of the float32 a sum (or a sum of the
+  gradient times zero) would write. With many gradients the sums keep the
+  step faster (500 gradients: 13.3 ms a step against 15.0 ms with the
+  concatenations).
   """
   if not values:
     return tf.constant(True), None
   xla = bool(_in_xla())
-  if xla and len(values) <= XLA_IF_FREE_UP_TO:
-    return _concatenated_finite(values), None
+  exact_flags = []
+  if xla and _cpu_only() and any(_by_products(v) for v in values):
+    exact_flags.append(_products_finite([v for v in values if _by_products(v)]))
+    values = [v for v in values if not _by_products(v)]
+  if not values or (xla and len(values) <= XLA_IF_FREE_UP_TO):
+    if values:
+      exact_flags.append(_concatenated_finite(values))
+    return _all(exact_flags), None
   each_finite = _concatenated_finite if xla else _each_finite
   sum_all = _summer()
-  flags, summed = [], False
+  flags, summed = list(exact_flags), False
   for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
     same_dtype = [v for v in values if v.dtype == dtype]
     if dtype not in (tf.float32, tf.float64):
@@ -172,7 +224,7 @@ def quick_and_exact(values):
     flags.append(tf.math.is_finite(sums[0] if len(sums) == 1 else tf.add_n(sums)))
   if not summed:
     return _all(flags), None
-  return _all(flags), lambda: each_finite(values)
+  return _all(flags), lambda: _all([*exact_flags, each_finite(values)])
 
 
 def _check(values):
