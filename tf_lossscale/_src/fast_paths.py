@@ -136,8 +136,10 @@ def _concatenated_finite(values):
 
 
 def _by_products(v):
-  """Whether `_products_finite` checks `v` (under XLA on a CPU): a large
-  float32/float64 gradient of rank 2 or more, not too wide for its zeros."""
+  """Whether `_products_finite` checks `v` (under XLA on a CPU-only machine:
+  a GPU may round float32 products' inputs to TensorFloat-32, where a finite
+  value near the float32 maximum becomes Inf): a large float32/float64
+  gradient of rank 2 or more, not too wide for its zeros."""
   return (
     v.dtype in (tf.float32, tf.float64)
     and v.shape.is_fully_defined()
