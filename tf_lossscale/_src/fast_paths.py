@@ -204,9 +204,11 @@ def quick_and_exact(values):
     return tf.constant(True), None
   xla = bool(_in_xla())
   exact_flags = []
-  if xla and _cpu_only() and any(_by_products(v) for v in values):
-    exact_flags.append(_products_finite([v for v in values if _by_products(v)]))
-    values = [v for v in values if not _by_products(v)]
+  if xla and _cpu_only():
+    by_products = [_by_products(v) for v in values]
+    if any(by_products):
+      exact_flags.append(_products_finite([v for v, p in zip(values, by_products) if p]))
+      values = [v for v, p in zip(values, by_products) if not p]
   if not values or (xla and len(values) <= XLA_IF_FREE_UP_TO):
     if values:
       exact_flags.append(_concatenated_finite(values))
