@@ -234,7 +234,13 @@ def test_each_mode_is_warmed_up_before_anything_is_measured(benchmark, monkeypat
     return real(workload, mode, optimizer, args, log)
 
   monkeypatch.setattr(benchmark, "run_workload_mode", recording)
-  argv = ["--workloads=tiny", "--modes=eager,graph", "--rounds=2", "--block-seconds=0"]
+  argv = [
+    "--workloads=tiny",
+    "--modes=eager,graph",
+    "--rounds=2",
+    "--block-seconds=0",
+    "--no-processes",
+  ]
   results = benchmark.main([*argv, "--optimizer=sgd", "--families=v1"], out=io.StringIO())
   assert calls == [
     ("tiny", "eager", 1),
@@ -317,7 +323,7 @@ def test_runs_split_over_processes_print_as_one(benchmark, tmp_path):
   assert "| tiny · sgd · eager · keras3 |" in text and "| tiny · sgd · eager · v1 |" in text
 
 
-def test_xla_rows_run_in_a_process_per_family(benchmark, tmp_path, monkeypatch):
+def test_rows_run_in_a_process_per_mode_and_under_xla_per_family(benchmark, tmp_path, monkeypatch):
   children = []
   real = benchmark.subprocess.run
 
@@ -326,18 +332,20 @@ def test_xla_rows_run_in_a_process_per_family(benchmark, tmp_path, monkeypatch):
     return real(argv, **kwargs)
 
   monkeypatch.setattr(benchmark.subprocess, "run", recording)
-  argv = ["--workloads=tiny", "--modes=xla", "--optimizer=sgd", "--families=keras3,v1"]
+  argv = ["--workloads=tiny", "--modes=xla,graph", "--optimizer=sgd", "--families=keras3,v1"]
   argv += ["--rounds=1", "--block-seconds=0", "--first-calls=1", f"--json={tmp_path / 'x.json'}"]
   results = benchmark.main(argv, out=io.StringIO())
-  assert [[a for a in c if a.startswith("--families")] for c in children] == [
-    ["--families=keras3"],
-    ["--families=v1"],
+  assert [[a for a in c if a.startswith(("--families", "--modes"))] for c in children] == [
+    ["--modes=xla", "--families=keras3"],
+    ["--modes=xla", "--families=v1"],
+    ["--modes=graph", "--families=keras3,v1"],
   ]
-  assert all("--no-xla-processes" in c for c in children)
-  rows = {(r["family"], r["impl"]): r for r in results["results"]}
-  assert set(rows) == {(f, i) for f in ("keras3", "v1") for i in benchmark.IMPLS}
+  assert all("--no-processes" in c for c in children)
+  rows = {(r["mode"], r["family"], r["impl"]): r for r in results["results"]}
+  expected = {("xla", f, i) for f in ("keras3", "v1") for i in benchmark.IMPLS}
+  assert set(rows) == expected | {("graph", "v1", i) for i in benchmark.IMPLS}
   for key, row in rows.items():
-    assert row["status"] == "ok" and row["mode"] == "xla" and len(row["wall_ms"]) == 1, key
+    assert row["status"] == "ok" and len(row["wall_ms"]) == 1, key
 
 
 def test_a_child_that_dies_is_reported_not_fatal(benchmark, monkeypatch):
@@ -345,14 +353,14 @@ def test_a_child_that_dies_is_reported_not_fatal(benchmark, monkeypatch):
     benchmark.subprocess, "run", lambda argv, **kwargs: argparse.Namespace(returncode=-11)
   )
   args = benchmark.parse_args(["--workloads=tiny", "--modes=xla", "--optimizer=sgd"])
-  configs = benchmark.run_in_child("tiny", "xla", "sgd", "v1", args, lambda msg: None)
-  assert [c.impl for c in configs] == list(benchmark.IMPLS)
+  configs = benchmark.run_in_child("tiny", "graph", "sgd", "keras3,v1", args, lambda msg: None)
+  assert [(c.family, c.impl) for c in configs] == [("v1", i) for i in benchmark.IMPLS]
   for cfg in configs:
     assert cfg.status == "fail" and cfg.reason == "RuntimeError: its process exited with status -11"
 
 
 def test_quick_takes_one_first_call_in_one_process(benchmark):
   quick, full = benchmark.parse_args(["--quick"]), benchmark.parse_args([])
-  assert (quick.first_calls, quick.xla_processes) == (1, False)
-  assert (full.first_calls, full.xla_processes) == (3, True)
-  assert benchmark.parse_args(["--quick", "--xla-processes"]).xla_processes is True
+  assert (quick.first_calls, quick.processes) == (1, False)
+  assert (full.first_calls, full.processes) == (3, True)
+  assert benchmark.parse_args(["--quick", "--processes"]).processes is True

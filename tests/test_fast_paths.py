@@ -3,7 +3,8 @@
 * In a graph, the conditional apply's If op is kept as a call of its branch
   functions instead of being lowered to a Switch per input (the If kernel runs
   a branch on one device): only on a CPU-only machine, outside strategies,
-  when every resource it touches is on one device. Elsewhere it is lowered.
+  when every resource it touches is on one device, and not for few large
+  gradients (lowered, those stepped faster). Elsewhere it is lowered.
 * In a TF1 graph, one Switch gates the apply's ops (as TF1's cond gates a
   branch, without a Switch per input); inside functions the If stays.
 * Eagerly, the unscale and the finiteness check each run as one call of a
@@ -104,6 +105,19 @@ def test_cond_is_a_call_of_its_branches_on_one_cpu(api):
   # fails): both are calls of their branches.
   assert _lowering_of_top_level_ifs(graph) == [False]
   assert _lowering_of_top_level_ifs(graph, with_resources=False) == [False]
+
+
+@pytest.mark.parametrize("api", sorted(_STEPS))
+def test_cond_stays_lowered_with_few_large_gradients(api):
+  # A call pays off with many gradients; with few large ones the lowered If was faster.
+  make_opt, make_step = _STEPS[api]
+  opt = make_opt()
+  variables = [tf.Variable(np.full([400, 400], 4.0, np.float32)) for _ in range(3)]
+  step = tf.function(make_step(opt, variables))
+  _run_and_check(step, variables, _scale_of(api, opt))
+  graph = step.get_concrete_function(tf.constant(1.0)).graph
+  assert _lowering_of_top_level_ifs(graph) == [True]
+  assert _lowering_of_top_level_ifs(graph, with_resources=False) == [True]
 
 
 class _CountingSGD(tf.keras.optimizers.SGD):
