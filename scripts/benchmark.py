@@ -669,10 +669,15 @@ def _timed(fn):
   return time.perf_counter() - start
 
 
+def _families_in(mode, families):
+  """The families of `families` that `mode` runs: TF1 Sessions run compat.v1 only."""
+  return [f for f in families if mode != "graph" or f == "v1"]
+
+
 def run_workload_mode(workload, mode, optimizer, args, log):
   """Measures every family x impl of one workload in one mode with one kind of
   inner optimizer, interleaved."""
-  families = [f for f in args.families if mode != "graph" or f == "v1"]
+  families = _families_in(mode, args.families)
   configs = [
     Config(workload.name, mode, f, i, optimizer=optimizer, clock=args.clock)
     for f in families
@@ -754,8 +759,7 @@ def run_in_child(name, mode, optimizer, families, args, log):
     return [Config(**{k: v for k, v in r.items() if k != "median_ms"}) for r in rows]
   configs = [
     Config(name, mode, family, i, optimizer=optimizer, clock=args.clock)
-    for family in families.split(",")
-    if mode != "graph" or family == "v1"
+    for family in _families_in(mode, families.split(","))
     for i in IMPLS
   ]
   for cfg in configs:

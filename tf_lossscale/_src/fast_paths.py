@@ -13,10 +13,11 @@ tf_lossscale turns every one of them off (docs/benchmarks.md measures each).
   by products with zeros, which XLA runs as library calls.
 * In a function graph the apply's If op is kept as a call of its branch
   functions where that is safe and pays off (`cond`: not with few large
-  gradients); in a TF1 graph one Switch gates the apply (`switch_cond`). The check has an If of its own: one If for both
-  would trace the apply twice (it must run after the quick check and after
-  the exact one), which made the first step slower and, called as one traced
-  function, every step too.
+  gradients); in a TF1 graph one Switch gates the apply (`switch_cond`).
+  The check has an If of its own: one If for both would trace the apply
+  twice (it must run after the quick check and after the exact one), which
+  made the first step slower and, called as one traced function, every step
+  too.
 * Eagerly, the check, the transition and the assigns (skipped-step count
   included) run as one call of a graph function (`OneCall`), and so does the
   unscale of many gradients.
