@@ -8,9 +8,9 @@ tf_lossscale turns every one of them off (docs/benchmarks.md measures each).
   total proves every element finite; only a non-finite total (an Inf or NaN,
   or an overflow of finite values) runs TF 2.4's element-wise check, so no
   finite step is ever skipped (`quick_and_exact`). Under XLA the
-  element-wise check reads small gradients concatenated, and with few
-  gradients it runs by itself; on a CPU, large gradients are checked exactly
-  by products with zeros, which XLA runs as library calls.
+  element-wise check runs by itself, with no sums and no If: it reads small
+  gradients concatenated, and on a CPU large ones by products with zeros,
+  which XLA runs as library calls.
 * In a function graph the apply's If op is kept as a call of its branch
   functions where that is safe and pays off (`cond`: not with few large
   gradients); in a TF1 graph one Switch gates the apply (`switch_cond`).
@@ -51,9 +51,6 @@ _PRODUCT_MAX_COLUMNS = 1 << 14
 # In a function, an If whose float inputs average more elements than this is
 # lowered, not kept as a call of its branches (`_run_branches_as_functions`).
 _CALL_MAX_MEAN_ELEMENTS = 1 << 16
-# Under XLA, up to this many gradients are checked exactly with no If; more
-# step faster with the sums and the If.
-XLA_IF_FREE_UP_TO = 16
 
 
 def _in_xla(graph=None):
@@ -118,7 +115,7 @@ def _concatenated_finite(values):
   one to three more kernels per gradient for XLA to compile (MobileNetV2,
   158 gradients: the fallback alone was 423 of the step's 1,932).
   """
-  chunks = []
+  chunks, flat = [], None
   for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
     chunk, size = [], 0
     for v in values:
@@ -131,7 +128,10 @@ def _concatenated_finite(values):
       if chunk and size + n > _STACKED_MAX_ELEMENTS:
         chunks.append(tf.concat(chunk, 0))
         chunk, size = [], 0
-      chunk.append(tf.reshape(v, [-1]))
+      if v.shape.rank != 1:  # One shape constant for all: tracing time is mostly the ops made.
+        flat = tf.constant([-1]) if flat is None else flat
+        v = tf.reshape(v, flat)
+      chunk.append(v)
       size += n
     if chunk:
       chunks.append(chunk[0] if len(chunk) == 1 else tf.concat(chunk, 0))
@@ -181,6 +181,20 @@ def _products_finite(values):
   return tf.math.is_finite(tf.reduce_sum(products[0] if len(products) == 1 else tf.add_n(products)))
 
 
+def _xla_finite(values):
+  """TF 2.4's element-wise check under XLA: large float32/float64 gradients
+  by products on a CPU, the others concatenated."""
+  flags = []
+  if _cpu_only():
+    by_products = [_by_products(v) for v in values]
+    if any(by_products):
+      flags.append(_products_finite([v for v, p in zip(values, by_products) if p]))
+      values = [v for v, p in zip(values, by_products) if not p]
+  if values:
+    flags.append(_concatenated_finite(values))
+  return _all(flags)
+
+
 def quick_and_exact(values):
   """The check in two parts: `(quick, exact)`.
 
@@ -193,46 +207,36 @@ def quick_and_exact(values):
   are checked element by element in `quick` already. `exact` is None when
   `quick` is exact by itself.
 
-  Under XLA on a CPU, large float32/float64 gradients are checked exactly by
-  matrix products (`_products_finite`). Under XLA the element-wise checks
-  read small gradients concatenated (`_concatenated_finite`), and with few
-  gradients `quick` is that check, exact by itself: the If the fallback needs
-  made XLA copy large variables once more a step. XLA on a CPU splits a
-  large reduction in two and writes its input out first: a boolean per
-  element there costs a quarter of the float32 a sum (or a sum of the
-  gradient times zero) would write. With many gradients the sums keep the
-  step faster (500 gradients: 13.3 ms a step against 15.0 ms with the
-  concatenations).
+  Under XLA `quick` is exact by itself, with no sums and no If: large
+  float32/float64 gradients are checked by matrix products on a CPU
+  (`_products_finite`), the others element by element, small ones
+  concatenated (`_concatenated_finite`). XLA compiles the If's skip branch
+  whether it runs or not, and a reduction per gradient is a kernel or two
+  more to compile: with 500 gradients the sums and the If made the first
+  call 1.46–1.64x a plain step's against 1.30–1.43x, and the step was as
+  fast either way (docs/benchmarks.md). XLA on a CPU splits a large
+  reduction in two and writes its input out first: a boolean per element
+  there costs a quarter of the float32 a sum would write.
   """
   if not values:
     return tf.constant(True), None
-  xla = bool(_in_xla())
-  exact_flags = []
-  if xla and _cpu_only():
-    by_products = [_by_products(v) for v in values]
-    if any(by_products):
-      exact_flags.append(_products_finite([v for v, p in zip(values, by_products) if p]))
-      values = [v for v, p in zip(values, by_products) if not p]
-  if not values or (xla and len(values) <= XLA_IF_FREE_UP_TO):
-    if values:
-      exact_flags.append(_concatenated_finite(values))
-    return _all(exact_flags), None
-  each_finite = _concatenated_finite if xla else _each_finite
+  if _in_xla():
+    return _xla_finite(values), None
   sum_all = _summer()
-  flags, summed = list(exact_flags), False
+  flags, summed = [], False
   for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
     same_dtype = [v for v in values if v.dtype == dtype]
     if dtype not in (tf.float32, tf.float64):
-      flags.append(each_finite(same_dtype))
+      flags.append(_each_finite(same_dtype))
       continue
     summed = True
-    groups, others = _grouped(same_dtype, group=not xla)  # XLA compiles a wide add_n slowly.
+    groups, others = _grouped(same_dtype, group=True)
     sums = [sum_all(v) for v in others]
     sums += [sum_all(g[0] if len(g) == 1 else tf.add_n(g)) for g in groups]
     flags.append(tf.math.is_finite(sums[0] if len(sums) == 1 else tf.add_n(sums)))
   if not summed:
     return _all(flags), None
-  return _all(flags), lambda: _all([*exact_flags, each_finite(values)])
+  return _all(flags), lambda: _each_finite(values)
 
 
 def _check(values):
