@@ -57,11 +57,11 @@ def _in_xla(graph=None):
   return framework_internals.in_xla_context(graph or tf.compat.v1.get_default_graph())
 
 
-def _grouped(values, group):
+def _grouped(values):
   """Splits `values` into lists of small tensors of one dtype and shape, and the others."""
   groups, others = {}, []
   for v in values:
-    if group and v.shape.is_fully_defined() and v.shape.num_elements() <= _GROUPED_MAX_ELEMENTS:
+    if v.shape.is_fully_defined() and v.shape.num_elements() <= _GROUPED_MAX_ELEMENTS:
       groups.setdefault((v.dtype, tuple(v.shape.as_list())), []).append(v)
     else:
       others.append(v)
@@ -96,7 +96,7 @@ def _summer():
 def _each_finite(values):
   """TF 2.4's element-wise check, on stacked chunks of same-shaped gradients."""
   all_of = functools.partial(_over_all_axes(), tf.raw_ops.All)
-  groups, others = _grouped(values, group=True)
+  groups, others = _grouped(values)
   flags = [all_of(tf.math.is_finite(v)) for v in others]
   for same_shape in groups:
     per_chunk = max(1, _STACKED_MAX_ELEMENTS // max(1, same_shape[0].shape.num_elements()))
@@ -230,7 +230,7 @@ def quick_and_exact(values):
       flags.append(_each_finite(same_dtype))
       continue
     summed = True
-    groups, others = _grouped(same_dtype, group=True)
+    groups, others = _grouped(same_dtype)
     sums = [sum_all(v) for v in others]
     sums += [sum_all(g[0] if len(g) == 1 else tf.add_n(g)) for g in groups]
     flags.append(tf.math.is_finite(sums[0] if len(sums) == 1 else tf.add_n(sums)))
