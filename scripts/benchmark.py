@@ -324,7 +324,8 @@ def _make_optimizer(family, impl, optimizer, lr):
 # The floor: the work any exact loss scaling adds to a plain step, with nothing
 # else: the loss times a constant scale, each gradient times its reciprocal,
 # and one read of every gradient for the finiteness check (the cheapest we
-# know: tf_lossscale's own sums, small same-shaped gradients added first),
+# know: tf_lossscale's own, `fast_paths.quick_and_exact`: sums, small
+# same-shaped gradients added first; under XLA its element-wise check alone),
 # which the apply waits for. No scale state, no conditional.
 #
 # "gated" (floor+cond) adds the one thing an exact skip needs on top: the apply
