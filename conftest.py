@@ -1,7 +1,8 @@
 """Root pytest set-up, run before any test or doctest imports TensorFlow's runtime.
 
 Splits the CPU into logical devices so that tf.distribute strategies over
-several devices can be tested on one machine; gives doctests `tf`.
+several devices can be tested on one machine; keeps float32 products in float32
+on GPUs; gives doctests `tf`.
 """
 
 import os
@@ -16,6 +17,10 @@ tf.config.set_logical_device_configuration(
   tf.config.list_physical_devices("CPU")[0],
   [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS,
 )
+# GPUs of compute capability 8.0 and later round float32 matrix products'
+# inputs to TensorFloat-32 by default (10-bit mantissas): the tests compare
+# float32 results with references computed another way, so they keep float32.
+tf.config.experimental.enable_tensor_float_32_execution(False)
 
 
 @pytest.fixture(autouse=True)
