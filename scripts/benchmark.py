@@ -415,18 +415,32 @@ def _rss_kb(field):
     return int(re.search(rf"{field}:\s+(\d+)", f.read()).group(1))
 
 
+def _cpu_allocator_counts():
+  """Whether TensorFlow's CPU allocator keeps statistics: its BFC allocator
+  does (`TF_CPU_ALLOCATOR_USE_BFC=true`); the default one reports zeros."""
+  with tf.init_scope():  # eagerly, also when called under a graph
+    probe = tf.zeros([1024])  # noqa: F841 - alive while the statistics are read
+    return tf.config.experimental.get_memory_info("CPU:0")["current"] > 0
+
+
 class PeakMemory:
   """Peak memory of a block of steps, above what was in use before it.
 
-  On a GPU: TensorFlow's allocator statistics. On a CPU (no allocator
-  statistics there): the process's resident-set high-water mark, reset
-  before the block (Linux `clear_refs`), minus the resident set before it.
+  On a GPU, and on a CPU whose allocator keeps statistics
+  (`TF_CPU_ALLOCATOR_USE_BFC=true`): TensorFlow's allocator statistics, XLA's
+  temporaries included. Otherwise: the process's resident-set high-water
+  mark, reset before the block (Linux `clear_refs`), minus the resident set
+  before it.
   """
 
   def __init__(self):
     gpus = tf.config.list_logical_devices("GPU")
-    self.device = gpus[0].name if gpus else None
-    self.kind = "GPU allocator peak" if self.device else "RSS high-water"
+    if gpus:
+      self.device, self.kind = gpus[0].name, "GPU allocator peak"
+    elif _cpu_allocator_counts():
+      self.device, self.kind = "CPU:0", "CPU allocator peak"
+    else:
+      self.device, self.kind = None, "RSS high-water"
     self.available = bool(self.device) or os.path.exists("/proc/self/clear_refs")
 
   def start(self):

@@ -10,7 +10,10 @@ import argparse
 import importlib.util
 import io
 import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -389,3 +392,30 @@ def test_quick_takes_one_first_call_in_one_process(benchmark):
   assert (quick.first_calls, quick.processes) == (1, False)
   assert (full.first_calls, full.processes) == (3, True)
   assert benchmark.parse_args(["--quick", "--processes"]).processes is True
+
+
+_PEAK_OF_64_MIB = f"""
+import importlib.util
+import tensorflow as tf
+spec = importlib.util.spec_from_file_location("benchmark", {str(_SCRIPT)!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+memory = module.PeakMemory()
+memory.start()
+x = tf.zeros([16, 2**20])  # 64 MiB, alive until the peak is read
+print(memory.kind, "|", memory.stop())
+"""
+
+
+@pytest.mark.parametrize("bfc, kind", [("true", "CPU allocator peak"), ("false", "RSS high-water")])
+def test_peak_memory_reads_the_cpu_allocator_where_it_keeps_statistics(bfc, kind):
+  env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": bfc, "CUDA_VISIBLE_DEVICES": ""}
+  child = subprocess.run(
+    [sys.executable, "-c", _PEAK_OF_64_MIB], capture_output=True, text=True, env=env, check=True
+  )
+  reported_kind, peak = child.stdout.strip().splitlines()[-1].split(" | ")
+  assert reported_kind == kind
+  if bfc == "true":  # the allocator's count: the tensor and no more than rounding
+    assert 64 <= float(peak) < 65
+  else:  # pages touched: the tensor, give or take what the allocator kept
+    assert float(peak) > 32
