@@ -153,7 +153,7 @@ def _by_products(v):
   )
 
 
-def _products_finite(values):
+def _products_finite(values, zero_from):
   """TF 2.4's element-wise check of large gradients, as matrix products, for
   XLA on a CPU.
 
@@ -165,11 +165,13 @@ def _products_finite(values):
   compiles no kernel per gradient, where a reduction is one to three
   (docs/benchmarks.md), and they read a large gradient faster. `Z` has two
   columns: XLA compiles a product with a single column into a kernel of its
-  own. The zeros are the first element of a gradient times zero (NaN if that
-  element is not finite, which is then the right answer): unlike a constant,
-  nothing a compiler could fold away.
+  own. The zeros are the first element of `zero_from` times zero (NaN if
+  that element is not finite, which is then the right answer): unlike a
+  constant, nothing a compiler could fold away. `zero_from` is best a small
+  gradient: reading a large one too keeps it alive beside its unscaled copy
+  (XLA unscales a gradient in place only when nothing else reads it).
   """
-  zero = tf.reshape(values[0], [-1])[0] * 0
+  zero = tf.reshape(zero_from, [-1])[0] * 0
   zeros, products = {}, []
   for v in values:
     rows = tf.reshape(v, [-1, v.shape[-1]])
@@ -181,6 +183,11 @@ def _products_finite(values):
   return tf.math.is_finite(tf.reduce_sum(products[0] if len(products) == 1 else tf.add_n(products)))
 
 
+def _size_or_inf(v):
+  n = v.shape.num_elements()
+  return float("inf") if n is None else n
+
+
 def _xla_finite(values):
   """TF 2.4's element-wise check under XLA: large float32/float64 gradients
   by products on a CPU, the others concatenated."""
@@ -188,7 +195,9 @@ def _xla_finite(values):
   if _cpu_only():
     by_products = [_by_products(v) for v in values]
     if any(by_products):
-      flags.append(_products_finite([v for v, p in zip(values, by_products) if p]))
+      large = [v for v, p in zip(values, by_products) if p]
+      smallest = min((v for v in values if v.shape.num_elements() != 0), key=_size_or_inf)
+      flags.append(_products_finite(large, smallest))
       values = [v for v, p in zip(values, by_products) if not p]
   if values:
     flags.append(_concatenated_finite(values))
