@@ -183,11 +183,6 @@ def _products_finite(values, zero_from):
   return tf.math.is_finite(tf.reduce_sum(products[0] if len(products) == 1 else tf.add_n(products)))
 
 
-def _size_or_inf(v):
-  n = v.shape.num_elements()
-  return float("inf") if n is None else n
-
-
 def _xla_finite(values):
   """TF 2.4's element-wise check under XLA: large float32/float64 gradients
   by products on a CPU, the others concatenated."""
@@ -196,8 +191,13 @@ def _xla_finite(values):
     by_products = [_by_products(v) for v in values]
     if any(by_products):
       large = [v for v, p in zip(values, by_products) if p]
-      smallest = min((v for v in values if v.shape.num_elements() != 0), key=_size_or_inf)
-      flags.append(_products_finite(large, smallest))
+      small = [v for v, p in zip(values, by_products) if not p and v.shape.num_elements()]
+      # The last: variables are mostly listed in the order their layers run,
+      # and backprop computes the last layer's gradients first, so its zeros
+      # are ready before the large gradients (waiting on a later one kept a
+      # reshaped copy of a large gradient alive until then: MobileNetV2).
+      zero_from = small[-1] if small else min(large, key=lambda v: v.shape.num_elements())
+      flags.append(_products_finite(large, zero_from))
       values = [v for v, p in zip(values, by_products) if not p]
   if values:
     flags.append(_concatenated_finite(values))
