@@ -428,7 +428,8 @@ class PeakMemory:
 
   On a GPU, and on a CPU whose allocator keeps statistics
   (`TF_CPU_ALLOCATOR_USE_BFC=true`): TensorFlow's allocator statistics, XLA's
-  temporaries included. Otherwise: the process's resident-set high-water
+  temporaries included, counted in the allocator's chunks (up to twice a
+  request; docs/benchmarks.md, "How it measures"). Otherwise: the process's resident-set high-water
   mark, reset before the block (Linux `clear_refs`), minus the resident set
   before it.
   """

@@ -191,14 +191,14 @@ def _xla_finite(values):
     by_products = [_by_products(v) for v in values]
     if any(by_products):
       large = [v for v, p in zip(values, by_products) if p]
-      small = [v for v, p in zip(values, by_products) if not p and v.shape.num_elements()]
+      values = [v for v, p in zip(values, by_products) if not p]
+      small = [v for v in values if v.shape.num_elements()]
       # The last: variables are mostly listed in the order their layers run,
       # and backprop computes the last layer's gradients first, so its zeros
       # are ready before the large gradients (waiting on a later one kept a
       # reshaped copy of a large gradient alive until then: MobileNetV2).
       zero_from = small[-1] if small else min(large, key=lambda v: v.shape.num_elements())
       flags.append(_products_finite(large, zero_from))
-      values = [v for v, p in zip(values, by_products) if not p]
   if values:
     flags.append(_concatenated_finite(values))
   return _all(flags)
