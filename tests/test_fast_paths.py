@@ -93,6 +93,9 @@ def _scale_of(api, opt):
   return opt._loss_scale  # pylint: disable=protected-access
 
 
+@pytest.mark.skipif(
+  not fast_paths._cpu_only(), reason="an If is kept as a call on a CPU-only machine"
+)
 @pytest.mark.parametrize("api", sorted(_STEPS))
 def test_cond_is_a_call_of_its_branches_on_one_cpu(api):
   make_opt, make_step = _STEPS[api]
@@ -107,6 +110,9 @@ def test_cond_is_a_call_of_its_branches_on_one_cpu(api):
   assert _lowering_of_top_level_ifs(graph, with_resources=False) == [False]
 
 
+@pytest.mark.skipif(
+  not fast_paths._cpu_only(), reason="an If is kept as a call on a CPU-only machine"
+)
 @pytest.mark.parametrize("api", sorted(_STEPS))
 def test_cond_stays_lowered_with_few_large_gradients(api):
   # A call pays off with many gradients; with few large ones the lowered If was faster.
@@ -258,7 +264,8 @@ def test_eager_check_under_a_strategy_runs_op_by_op():
 # --- TF1 graphs: one Switch gates the apply -----------------------------------
 
 
-def test_tf1_graph_gates_the_apply_with_a_switch_and_skips_exactly():
+def test_tf1_graph_gates_the_apply_with_a_switch_and_skips_exactly(monkeypatch):
+  monkeypatch.setattr(fast_paths, "_cpu_only", lambda: True)  # The check's two parts.
   graph = tf.Graph()
   with graph.as_default():
     variables = [tf.Variable(np.full([3], 4.0, np.float32)) for _ in range(3)]
@@ -458,10 +465,12 @@ def _small_gradients_are_large(mode, monkeypatch):
     monkeypatch.setattr(fast_paths, "_STACKED_MAX_ELEMENTS", 3)
   if mode.endswith("small_chunks"):  # The element-wise check, over several concatenations.
     monkeypatch.setattr(fast_paths, "_PRODUCT_MAX_COLUMNS", 0)
-  return "xla" if mode.startswith("xla") else mode
+  if mode.endswith("gpu"):  # The paths taken on a machine with a GPU.
+    monkeypatch.setattr(fast_paths, "_cpu_only", lambda: False)
+  return mode.split("_")[0]
 
 
-XLA_VARIANTS = ["xla_small_chunks", "xla_products"]
+XLA_VARIANTS = ["xla_small_chunks", "xla_products", "xla_gpu", "function_gpu"]
 
 
 @pytest.mark.parametrize("mode", [*MODES, *XLA_VARIANTS])
@@ -546,7 +555,8 @@ def test_xla_products_take_their_zeros_from_a_small_gradient(bad):
 def _fused_step(grads):
   """The scale update with the conditional apply, as the optimizers call it."""
   scale, counter = tf.Variable(8.0), tf.Variable(0, dtype=tf.int64)
-  applied, skipped = tf.Variable(0), tf.Variable(0)
+  # int64: an int32 variable lives in host memory, out of reach of XLA on a GPU.
+  applied, skipped = tf.Variable(0, dtype=tf.int64), tf.Variable(0, dtype=tf.int64)
 
   def step():
     update_op, finite = fast_paths.update_scale_variables(
@@ -616,10 +626,17 @@ def _xla_training(family, optimizer, monkeypatch, fast):
     factor.assign(value)
     step()
     state = inner.variables if family == "keras3" else inner.variables()
-    history.append([v.numpy().tobytes() for v in [*variables, *state, opt.loss_scale]])
+    history.append([v.numpy() for v in [*variables, *state, opt.loss_scale, opt.dynamic_counter]])
   return history
 
 
+def _bits(history):
+  return [[value.tobytes() for value in step] for step in history]
+
+
+@pytest.mark.skipif(
+  not fast_paths._cpu_only(), reason="on a GPU XLA's fusions round apart (next test)"
+)
 @pytest.mark.parametrize("family", ["keras3", "tf_keras"])
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 @pytest.mark.parametrize("check", ["xla", "xla_products"])
@@ -628,7 +645,66 @@ def test_xla_steps_with_slots_have_the_numbers_of_the_plain_path(
 ):
   # Under XLA how the apply is placed decides how XLA fuses (and rounds) it: the fast
   # paths must leave every variable, slot and counter bit for bit as the plain path does,
-  # skipped steps included.
+  # skipped steps included. (The paths of a machine with a GPU: the next test.)
   _small_gradients_are_large(check, monkeypatch)
   fast = _xla_training(family, optimizer, monkeypatch, fast=True)
-  assert fast == _xla_training(family, optimizer, monkeypatch, fast=False)
+  assert _bits(fast) == _bits(_xla_training(family, optimizer, monkeypatch, fast=False))
+
+
+@pytest.mark.parametrize("family", ["keras3", "tf_keras"])
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_xla_steps_on_a_gpu_skip_exactly_and_apply_as_the_plain_path(
+  family, optimizer, monkeypatch
+):
+  # On a GPU XLA computes the apply beside the selects (see
+  # test_under_xla_on_a_gpu_the_skip_is_selects_not_a_conditional): it may fuse the
+  # gradients' last operations into it and contract a product and a sum into one fused
+  # multiply-add where the plain path's conditional rounds twice (Keras 3 Adam's second
+  # moment, 1 ulp). A skipped step still moves no variable or slot by a bit.
+  plain = _xla_training(family, optimizer, monkeypatch, fast=False)
+  monkeypatch.setattr(fast_paths, "_cpu_only", lambda: False)
+  fast = _xla_training(family, optimizer, monkeypatch, fast=True)
+  for step in (1, 3):  # The NaN and the Inf step; the inner's step counter counts them.
+    before, after = _bits(fast[step - 1 : step + 1])
+    assert before[:2] + before[3:-2] == after[:2] + after[3:-2]
+    assert fast[step][2] == fast[step - 1][2] + 1
+  for ours, theirs in zip(fast, plain, strict=True):
+    for a, b in zip(ours, theirs, strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
+    assert _bits([ours[-2:]]) == _bits([theirs[-2:]])  # The scale and the counter.
+
+
+def _optimized_hlo_of_an_xla_step(family, monkeypatch, gpu):
+  monkeypatch.setattr(fast_paths, "_cpu_only", lambda: not gpu)
+  variables = [tf.Variable(tf.ones([3, 2])), tf.Variable(tf.ones([2]))]
+  opt = LossScaleOptimizer(_inner(family, "adam"), initial_scale=8.0)
+  if family == "keras3":
+    opt.build(variables)
+  step = tf.function(_keras_step(opt, variables), jit_compile=True)
+  return step.experimental_get_compiler_ir(tf.constant(1.0))(stage="optimized_hlo")
+
+
+@pytest.mark.parametrize("family", ["keras3", "tf_keras"])
+def test_under_xla_on_a_gpu_the_skip_is_selects_not_a_conditional(family, monkeypatch):
+  # On a GPU a conditional waits for its predicate on the host. With the state assigned
+  # in both branches no branch is empty, and XLA turns the conditional into selects (the
+  # numbers: test_xla_steps_with_slots_have_the_numbers_of_the_plain_path[xla_gpu-...]).
+  assert "conditional(" not in _optimized_hlo_of_an_xla_step(family, monkeypatch, gpu=True)
+  assert "conditional(" in _optimized_hlo_of_an_xla_step(family, monkeypatch, gpu=False)
+
+
+def test_on_a_gpu_a_function_step_has_one_if(monkeypatch):
+  # The check without the If deciding whether its exact part runs, on a GPU (see
+  # quick_and_exact); the traps decide exactly there too ([function_gpu-...] above).
+  def ifs_in_a_step():
+    opt = LossScaleOptimizer(tf.keras.optimizers.SGD(0.25), initial_scale=8.0)
+    variables = [tf.Variable(np.full([3], 4.0, np.float32))]
+    step = tf.function(_keras_step(opt, variables))
+    _run_and_check(step, variables, lambda: opt.loss_scale)
+    graph = step.get_concrete_function(tf.constant(1.0)).graph
+    return [op.type for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+
+  monkeypatch.setattr(fast_paths, "_cpu_only", lambda: True)
+  assert len(ifs_in_a_step()) == 2
+  monkeypatch.setattr(fast_paths, "_cpu_only", lambda: False)
+  assert len(ifs_in_a_step()) == 1

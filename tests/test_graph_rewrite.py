@@ -7,6 +7,7 @@ errors and warnings, and training with the wrapped optimizers.
 """
 
 import logging
+import math
 
 import keras
 import numpy as np
@@ -15,7 +16,7 @@ import tensorflow as tf
 import tf_keras
 
 import tf_lossscale
-from tf_lossscale._src import framework_internals
+from tf_lossscale._src import fast_paths, framework_internals
 from tf_lossscale.compat.v1 import mixed_precision as v1_mixed_precision
 from tf_lossscale.compat.v1.train import experimental as v1_train_experimental
 from tf_lossscale.keras.mixed_precision import experimental as keras_experimental
@@ -289,12 +290,15 @@ def test_tf1_session_trains_with_the_rewrite_on(make_optimizer, config):
     make_optimizer, "dynamic", config
   )
   assert rewrite == _ON  # the Session's config asks grappler for the rewrite
-  assert loss < 1e-3 * first and step == 30
+  # On a GPU the rewritten graph computes in float16, where a first step can overflow at
+  # the initial scale of 2**15 and be skipped; on a CPU nothing becomes float16.
+  skipped = round(math.log2(2.0**14 / scale_after))
+  assert (skipped == 0) if fast_paths._cpu_only() else (0 <= skipped <= 2)
+  assert loss < 1e-3 * first and step == 30 - skipped
   np.testing.assert_allclose(w.ravel(), [1.0, 1.0, 1.0], atol=0.05)
   # A NaN step is skipped: no variable or global-step change, the scale halves.
-  assert step_after == 30
+  assert step_after == step
   np.testing.assert_array_equal(w_after, w)
-  assert scale_after == 2.0**14
 
 
 def test_without_tensorflows_flag_only_default_sessions_get_the_rewrite(monkeypatch):

@@ -10,6 +10,7 @@ import tensorflow as tf
 import tf_keras
 
 import helpers
+from tf_lossscale._src import fast_paths
 from tf_lossscale.keras import mixed_precision
 
 FAMILIES = ["keras3", "tf_keras", "tf_keras_new"]
@@ -401,7 +402,10 @@ def test_differential_against_tf_keras_lso(family, strategy, mode_name):
       history.append((var.numpy().copy(), float(opt.loss_scale), count(opt.iterations)))
     runs.append(history)
   for ours, theirs in zip(*runs, strict=True):
-    np.testing.assert_array_equal(ours[0], theirs[0])
+    if fast_paths._cpu_only():
+      np.testing.assert_array_equal(ours[0], theirs[0])
+    else:  # On a GPU another family's momentum kernel may fuse a multiply-add: 1 ulp.
+      np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-6, atol=0)
     assert ours[1:] == theirs[1:]
 
 
