@@ -688,7 +688,7 @@ def _optimized_hlo_of_an_xla_step(family, monkeypatch, gpu):
 def test_under_xla_on_a_gpu_the_skip_is_selects_not_a_conditional(family, monkeypatch):
   # On a GPU a conditional waits for its predicate on the host. With the state assigned
   # in both branches no branch is empty, and XLA turns the conditional into selects (the
-  # numbers: test_xla_steps_with_slots_have_the_numbers_of_the_plain_path[xla_gpu-...]).
+  # numbers: test_xla_steps_on_a_gpu_skip_exactly_and_apply_as_the_plain_path).
   assert "conditional(" not in _optimized_hlo_of_an_xla_step(family, monkeypatch, gpu=True)
   assert "conditional(" in _optimized_hlo_of_an_xla_step(family, monkeypatch, gpu=False)
 
