@@ -519,7 +519,10 @@ class Config:
       self.wait()
 
   def to_json(self):
-    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
+    callables = ("run", "wait")
+    out = {
+      f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in callables
+    }
     out["median_ms"] = self.median_ms
     return out
 

@@ -592,9 +592,7 @@ def _branch_with_state(fn, finite, scale_var, counter_var, skipped_var, settings
     done = [op for op in tf.nest.flatten(fn()) if op is not None]
     with tf.control_dependencies(done):
       verdict = tf.constant(finite)
-      scale, counter = algorithm.next_scale_and_counter(
-        tf.convert_to_tensor(scale_var), tf.convert_to_tensor(counter_var), verdict, settings
-      )
+      scale, counter = algorithm.next_scale_and_counter(scale_var, counter_var, verdict, settings)
       return tf.group(
         *algorithm.assign_state(scale_var, counter_var, skipped_var, scale, counter, verdict)
       )
