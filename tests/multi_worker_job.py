@@ -708,7 +708,7 @@ def tf_config(ports, index):
   )
 
 
-def run_workers(command, out_dir, num_workers=2, timeout=150):
+def run_workers(command, out_dir, num_workers=2, timeout=150, env=None):
   """Runs `command` (argv) as `num_workers` loopback workers; kills them all at the end.
 
   Args:
@@ -716,6 +716,7 @@ def run_workers(command, out_dir, num_workers=2, timeout=150):
     out_dir: Folder for the workers' logs (`worker<i>.log`).
     num_workers: Cluster size.
     timeout: Seconds every worker may take, in total.
+    env: Environment variables to set for the workers, beside this process's.
 
   Returns:
     The logs, one string per worker.
@@ -725,7 +726,7 @@ def run_workers(command, out_dir, num_workers=2, timeout=150):
   """
   ports = free_ports(num_workers)
   root = os.path.dirname(ROOT_TESTS)
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
   logs = [os.path.join(out_dir, f"worker{i}.log") for i in range(num_workers)]
   procs = []
