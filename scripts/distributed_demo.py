@@ -6,7 +6,9 @@ The scale starts far too high (2**20), so the first steps overflow and halve
 it; at `--nan-step` worker 1 alone makes its loss NaN. Each worker prints its
 own loss scale after every step: the two columns never differ, because the
 gradients are all-reduced before the finiteness check and every worker takes
-the same skip-or-apply decision.
+the same skip-or-apply decision. Each worker takes a GPU of its own where
+there is one per worker, and the CPU otherwise (two processes on one GPU would
+split its memory, and NCCL refuses two ranks on one device).
 
   scripts/distributed_demo --steps 14 --nan-step 5
 """
@@ -23,13 +25,24 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from multi_worker_job import run_workers  # noqa: E402 (the launcher of the tests)
 
 
+def own_device(tf, index, num_workers):
+  """Makes worker `index` see only its own GPU, or none when there are fewer
+  GPUs than workers; returns the device's name."""
+  gpus = tf.config.list_physical_devices("GPU")
+  mine = gpus[index : index + 1] if len(gpus) >= num_workers else []
+  tf.config.set_visible_devices(mine, "GPU")
+  return mine[0].name.replace("/physical_device:", "") if mine else "CPU"
+
+
 def worker(steps, nan_step, growth_steps):
   """One worker: trains and prints `step scale counter applied|skipped` lines."""
   import tensorflow as tf  # noqa: PLC0415 (only the workers need TensorFlow)
 
   from tf_lossscale.keras.mixed_precision import LossScaleOptimizer  # noqa: PLC0415
 
-  index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+  config = json.loads(os.environ["TF_CONFIG"])
+  index = config["task"]["index"]
+  print(f"device {own_device(tf, index, len(config['cluster']['worker']))}", flush=True)
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   tf.keras.mixed_precision.set_global_policy("mixed_float16")
   tf.keras.utils.set_random_seed(0)
@@ -92,6 +105,10 @@ def main():
     except RuntimeError as e:
       sys.exit(f"distributed demo failed: {e}")
   columns = [[line.split() for line in out.splitlines() if line[:1].isdigit()] for out in outputs]
+  devices = [
+    line.split()[1] for out in outputs for line in out.splitlines() if line.startswith("device ")
+  ]
+  print(f"worker 0 on {devices[0]}, worker 1 on {devices[1]}")
   print(" step   worker 0 scale  counter   worker 1 scale  counter  step")
   for row0, row1 in zip(*columns, strict=True):
     note = " (NaN on worker 1)" if int(row0[0]) == args.nan_step else ""

@@ -220,3 +220,7 @@ def test_distributed_demo_prints_one_scale_per_step_for_both_workers():
   assert rows[5][5:] == ["skipped", "(NaN", "on", "worker", "1)"]
   assert scales[5] == scales[4] / 2
   assert scales[0] == 2.0**19
+  # A GPU each where there is one per worker, else the CPU for both.
+  gpus = len(tf.config.list_physical_devices("GPU"))
+  devices = ("GPU:0", "GPU:1") if gpus >= 2 else ("CPU", "CPU")
+  assert f"worker 0 on {devices[0]}, worker 1 on {devices[1]}" in done.stdout, done.stdout
