@@ -2,6 +2,7 @@
 
 import functools
 import inspect
+import re
 
 import keras
 import pytest
@@ -12,6 +13,11 @@ import tensorflow as tf
 KERAS3_OPTIMIZERS_CHECKPOINT = issubclass(
   keras.optimizers.Optimizer, tf.__internal__.tracking.Trackable
 )
+
+
+def python_blocks(text):
+  """The ```python fenced blocks of a markdown text, in order."""
+  return re.findall(r"^```python\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
 
 
 def keras3_has_option(name):

@@ -10,7 +10,6 @@ collective keys with nobody.
 import json
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -40,13 +39,8 @@ print("--- all blocks ran", flush=True)
 """
 
 
-def python_blocks(text):
-  """The ```python fenced blocks of a markdown text, in order."""
-  return re.findall(r"^```python\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
-
-
 def test_python_blocks_are_found():
-  blocks = python_blocks(PAGE.read_text())
+  blocks = helpers.python_blocks(PAGE.read_text())
   assert len(blocks) == 7
   assert all("assert " in block for block in blocks)
 
@@ -54,7 +48,7 @@ def test_python_blocks_are_found():
 @pytest.mark.slow
 def test_the_page_runs(tmp_path):
   blocks_file = tmp_path / "blocks.json"
-  blocks = python_blocks(PAGE.read_text())
+  blocks = helpers.python_blocks(PAGE.read_text())
   # As the page says: not in Keras 3.0.0.
   if not helpers.keras3_has_option("gradient_accumulation_steps"):
     blocks = [block for block in blocks if "gradient_accumulation_steps" not in block]
