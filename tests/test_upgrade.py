@@ -286,6 +286,37 @@ def test_many_files_in_worker_processes_give_the_same_result(tmp_path):
   assert all(p.read_text() == expected for p in tmp_path.glob("*.py"))
 
 
+# The train.py of docs/migration.md's report example.
+_REPORT_EXAMPLE = """import tensorflow as tf
+
+try:
+  import tensorflow.compat.v1 as tf_v1
+except ImportError:
+  tf_v1 = None
+
+opt = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD())
+
+
+class PatchedOptimizer(tf.keras.mixed_precision.LossScaleOptimizer):
+  def _apply_gradients_cross_replica(self, distribution, grads_and_vars, name):
+    return super()._apply_gradients_cross_replica(distribution, grads_and_vars, name)
+
+
+def graph_optimizer(opt):
+  return tf_v1.train.experimental.MixedPrecisionLossScaleOptimizer(opt, "dynamic")
+"""
+
+
+def test_the_report_in_docs_is_the_tools(tmp_path):
+  (tmp_path / "train.py").write_text(_REPORT_EXAMPLE)
+  result = _tool("--check", "train.py", cwd=tmp_path)
+  assert result.returncode == 1
+  page = (ROOT / "docs" / "migration.md").read_text()
+  shown = re.search(r"^  ```\n(  train\.py:.*?)^  ```", page, flags=re.MULTILINE | re.DOTALL)
+  assert shown, "docs/migration.md: no report example"
+  assert result.stderr.splitlines() == [line[2:] for line in shown.group(1).splitlines()]
+
+
 def test_list_names_prints_the_table_in_docs():
   table = _tool("--list-names").stdout
   assert table.startswith("| TensorFlow name | becomes | |\n")

@@ -95,7 +95,7 @@ def main(argv=None):
     parsed = sum(r.parsed for r in results)
     processes = f"{workers} worker processes" if workers > 1 else "1 process"
     print(
-      f"tf-lossscale-upgrade: stats: {len(results)} files, {parsed} parsed, "
+      f"tf-lossscale-upgrade: stats: {_count(len(results), 'file')}, {parsed} parsed, "
       f"{len(results) - parsed} skipped by the pre-filter; "
       f"{time.perf_counter() - started:.2f} s wall, "
       f"{_cpu_seconds() - cpu_started:.2f} s CPU (this process and its workers), {processes}",
@@ -258,9 +258,13 @@ def _summary(results, args):
   checks = sum(1 for r in results for _, f in r.report if f.kind == _rewrite.CHECK)
   verb = "rewrote" if args.in_place else "would rewrite"
   return (
-    f"tf-lossscale-upgrade: {len(results)} files, {verb} {len(changed)} "
-    f"({rewrites} changes); {left} uses not rewritten, {checks} to check"
+    f"tf-lossscale-upgrade: {_count(len(results), 'file')}, {verb} {len(changed)} "
+    f"({_count(rewrites, 'change')}); {_count(left, 'use')} not rewritten, {checks} to check"
   )
+
+
+def _count(number, noun):
+  return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _error_text(error):
