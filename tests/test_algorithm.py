@@ -260,6 +260,7 @@ def test_transition_matches_float32_model(
     (8.0, 2, False, (4.0, 0)),  # non-finite: shrinks, restarts the count
     (1.5, 1, False, (1.0, 0)),  # shrinks no lower than 1
     (1.0, 0, False, (1.0, 0)),
+    (0.5, 1, False, (1.0, 0)),  # below 1 (an initial scale): raised to 1, as TF 2.4 did
     (2.0**127, 2, True, (2.0**127, 0)),  # 2**128 is Inf in float32: keeps the scale
     (FLOAT32_MAX, 2, True, (FLOAT32_MAX, 0)),
   ],
@@ -277,6 +278,7 @@ def test_transition_pins_tf24_values(transition, scale, counter, finite, expecte
     (0.5, 0, False, {"min_scale": 0.25}, (0.25, 0)),
     (0.25, 0, False, {"min_scale": 0.25}, (0.25, 0)),
     (16.0, 0, False, {"min_scale": 12.0}, (12.0, 0)),
+    (2.0, 1, False, {"min_scale": 100.0}, (100.0, 0)),  # a floor above the scale: raised to it
     (8.0, 2, True, {"max_scale": 12.0}, (12.0, 0)),  # growth clipped to the maximum
     (12.0, 2, True, {"max_scale": 12.0}, (12.0, 0)),
     (2.0**127, 2, True, {"max_scale": 1.5 * 2.0**127}, (2.0**127, 0)),  # Inf product: kept

@@ -181,6 +181,34 @@ def test_warns_once_with_the_numbers_when_the_scale_sits_at_its_minimum():
   assert history.history["loss_scale"] == [0.5, 0.5]
 
 
+def _minimum_warnings(caught):
+  return [w for w in caught if issubclass(w.category, callbacks.LossScaleMinimumWarning)]
+
+
+@pytest.mark.parametrize("steps, warned", [(11, False), (12, True)])
+def test_the_default_patience_is_ten_training_steps(steps, warned):
+  # At the minimum from step 3: a run of 10 at step 12.
+  model, x, y, batch = _model("keras3", **{**ALL_NAN, "pattern": [NAN] * steps})
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    _fit(model, x, y, batch, [callbacks.LossScaleMonitor()], epochs=1)
+  messages = [str(w.message) for w in _minimum_warnings(caught)]
+  assert len(messages) == warned, messages
+  if warned:
+    assert "through the last 10 training steps" in messages[0]
+    assert "(at step 12; 12 steps skipped in all)" in messages[0]
+
+
+def test_warns_again_in_the_next_fit():
+  model, x, y, batch = _model("keras3", **ALL_NAN)
+  monitor = callbacks.LossScaleMonitor(min_scale_patience=3)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    _fit(model, x, y, batch, [monitor])
+    _fit(model, x, y, batch, [monitor])
+  assert len(_minimum_warnings(caught)) == 2
+
+
 def test_raise_stops_fit_at_the_patience():
   model, x, y, batch = _model("keras3", **ALL_NAN)
   monitor = callbacks.LossScaleMonitor(min_scale_patience=2, on_min_scale="raise")

@@ -115,6 +115,14 @@ def test_options_are_refused_with_a_fixed_scale(family, name):
     LSO(make_inner(family), dynamic=False, initial_scale=2, **{name: OPTIONS[name]})
 
 
+def test_a_floor_above_the_initial_scale_is_reached_at_the_first_skipped_step(family):
+  # As TF 2.4's floor of 1 raised an initial scale below 1 (docs/monitoring.md).
+  opt = LSO(make_inner(family), initial_scale=2, min_loss_scale=100)
+  var = tf.Variable(1.0)
+  opt.apply_gradients([(tf.constant(float("nan")), var)])
+  assert (float(opt.loss_scale), float(var), int(opt.skipped_steps)) == (100.0, 1.0, 1)
+
+
 def test_options_are_keyword_only(family):
   with pytest.raises(TypeError):
     LSO(make_inner(family), True, 8, 10, 0.5)
