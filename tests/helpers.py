@@ -2,7 +2,11 @@
 
 import functools
 import inspect
+import json
+import os
 import re
+import subprocess
+import sys
 
 import keras
 import pytest
@@ -18,6 +22,24 @@ KERAS3_OPTIMIZERS_CHECKPOINT = issubclass(
 def python_blocks(text):
   """The ```python fenced blocks of a markdown text, in order."""
   return re.findall(r"^```python\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def run_script(folder, source, data):
+  """Runs `source` as `folder`/runner.py, in `folder`, in a fresh Python with this
+  checkout first on its path, its one argument a file holding `data` as JSON."""
+  (folder / "data.json").write_text(json.dumps(data))
+  (folder / "runner.py").write_text(source)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  return subprocess.run(
+    [sys.executable, "runner.py", "data.json"],
+    cwd=folder,
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=600,
+  )
 
 
 def keras3_has_option(name):

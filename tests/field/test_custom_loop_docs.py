@@ -7,11 +7,7 @@ a reader would paste them into), so a strategy they create shares its
 collective keys with nobody.
 """
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -47,22 +43,10 @@ def test_python_blocks_are_found():
 
 @pytest.mark.slow
 def test_the_page_runs(tmp_path):
-  blocks_file = tmp_path / "blocks.json"
   blocks = helpers.python_blocks(PAGE.read_text())
   # As the page says: not in Keras 3.0.0.
   if not helpers.keras3_has_option("gradient_accumulation_steps"):
     blocks = [block for block in blocks if "gradient_accumulation_steps" not in block]
-  blocks_file.write_text(json.dumps([_PRELUDE, *blocks]))
-  runner = tmp_path / "runner.py"
-  runner.write_text(_RUNNER)
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  result = subprocess.run(
-    [sys.executable, str(runner), str(blocks_file)],
-    capture_output=True,
-    text=True,
-    env=env,
-    timeout=600,
-  )
+  result = helpers.run_script(tmp_path, _RUNNER, [_PRELUDE, *blocks])
   output = result.stdout + result.stderr
   assert result.returncode == 0 and "--- all blocks ran" in result.stdout, output[-5000:]

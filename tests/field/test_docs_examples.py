@@ -9,11 +9,7 @@ folder (the examples write TensorBoard logs to `logs`).
 (docs/custom_training_loops.md has a test of its own, test_custom_loop_docs.py.)
 """
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -144,17 +140,6 @@ def test_the_examples_run(tmp_path):
     blocks = helpers.python_blocks((ROOT / page).read_text())
     pairs = zip(examples, blocks, strict=True)
     steps.append((page, [(prelude, block, checks) for (prelude, checks), block in pairs]))
-  (tmp_path / "steps.json").write_text(json.dumps(steps))
-  (tmp_path / "runner.py").write_text(_RUNNER)
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  result = subprocess.run(
-    [sys.executable, "runner.py", "steps.json"],
-    cwd=tmp_path,
-    capture_output=True,
-    text=True,
-    env=env,
-    timeout=600,
-  )
+  result = helpers.run_script(tmp_path, _RUNNER, steps)
   output = result.stdout + result.stderr
   assert result.returncode == 0 and "--- all pages ran" in result.stdout, output[-5000:]
