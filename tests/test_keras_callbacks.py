@@ -7,6 +7,7 @@ step by step, `SCALES` and `SKIPPED`.
 """
 
 import glob
+import json
 import os
 import re
 import types
@@ -19,7 +20,7 @@ import tensorflow as tf
 import tf_keras
 
 import helpers
-from tf_lossscale._src import keras_callbacks
+from tf_lossscale._src import framework_internals, keras_callbacks
 from tf_lossscale.keras import callbacks
 from tf_lossscale.keras.mixed_precision import LossScaleOptimizer
 
@@ -123,9 +124,12 @@ def test_with_steps_per_execution_it_writes_at_most_once_per_execution(tmp_path)
   assert history.history["skipped_steps"] == [2, 2]
 
 
-def test_a_tensorboard_callback_writing_batches_is_found_through_its_default_writer(tmp_path):
-  model, x, y, batch = _model("keras3")
-  tensorboard = _tensorboard("keras3", str(tmp_path), update_freq=1)
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_a_tensorboard_callback_writing_batches_is_found_through_its_default_writer(
+  framework, tmp_path
+):
+  model, x, y, batch = _model(framework)
+  tensorboard = _tensorboard(framework, str(tmp_path), update_freq=1)
   _fit(model, x, y, batch, [tensorboard, callbacks.LossScaleMonitor(update_freq=2)])
   assert _series(str(tmp_path / "train")) == _expected([2, 4, 6, 8])
 
@@ -278,6 +282,58 @@ def test_one_monitor_is_a_callback_of_both_frameworks():
   assert isinstance(monitor, callbacks.LossScaleMonitor)
   assert type(monitor).__name__ == "LossScaleMonitor"
   assert type(callbacks.LossScaleMonitor()) is type(monitor)
+
+
+@pytest.mark.parametrize(
+  "hooks",
+  [
+    (),
+    ("on_epoch_end",),
+    ("on_batch_begin",),
+    ("on_train_batch_end",),
+    ("on_test_batch_begin",),
+    ("on_predict_batch_end", "on_test_batch_end"),
+  ],
+)
+def test_a_keras3_callback_answers_tf_keras_as_its_own_callbacks_do(hooks):
+  methods = {hook: lambda self, *args, **kwargs: None for hook in hooks}
+  ours = type("Ours", (keras.callbacks.Callback, framework_internals.TfKerasBatchHooks), methods)
+  theirs = type("Theirs", (tf_keras.callbacks.Callback,), methods)
+  for mode in ("train", "test", "predict"):
+    asks = f"_implements_{mode}_batch_hooks"
+    assert getattr(ours(), asks)() == getattr(theirs(), asks)(), (hooks, mode)
+
+
+def test_a_monitor_made_before_tf_keras_is_imported_runs_in_a_tf_keras_fit(tmp_path):
+  source = """
+import json, sys
+import numpy as np
+from tf_lossscale.keras.callbacks import LossScaleMonitor
+from tf_lossscale.keras.mixed_precision import LossScaleOptimizer
+
+assert "tf_keras" not in sys.modules
+monitor = LossScaleMonitor(update_freq=1, tensorboard="logs")
+import tf_keras
+
+model = tf_keras.Sequential(
+  [tf_keras.Input((1,)), tf_keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")]
+)
+optimizer = LossScaleOptimizer(tf_keras.optimizers.legacy.SGD(0.01), initial_scale=8,
+                               dynamic_growth_steps=2)
+model.compile(optimizer=optimizer, loss="mse")
+x = np.array(json.load(open(sys.argv[1])), "float32")[:, None]
+history = model.fit(x, np.zeros_like(x), batch_size=1, epochs=2, shuffle=False, verbose=0,
+                    callbacks=[monitor])
+print(json.dumps([isinstance(monitor, tf_keras.callbacks.Callback), history.history]))
+"""
+  done = helpers.run_script(tmp_path, source, EPOCH_PATTERN)
+  assert done.returncode == 0, done.stderr[-3000:]
+  is_tf_keras_callback, logs = json.loads(done.stdout.strip().splitlines()[-1])
+  assert not is_tf_keras_callback
+  assert logs["loss_scale"] == [2.0, 1.0]
+  assert logs["skipped_steps"] == [2, 2]
+  assert logs["skipped_steps_total"] == [2, 4]
+  assert _series(str(tmp_path / "logs" / "train")) == _expected(range(1, 9))
 
 
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))

@@ -17,6 +17,7 @@ on, since when, and what happens when it is gone:
 tf_keras): not covered by its API guarantees, so its uses are here too.
 """
 
+import keras
 import tensorflow as tf
 
 # Imported here, not where used, so that each use below is one look-up; a
@@ -431,6 +432,41 @@ def mark_wrapped(inner):
 def is_wrapped(inner):
   """Whether `mark_wrapped` (ours or tf_keras's) marked `inner`."""
   return bool(getattr(inner, "_is_wrapped_by_loss_scale_optimizer", False))
+
+
+class TfKerasBatchHooks:
+  """What tf_keras's `fit` asks of every callback, for a Keras 3 callback.
+
+  tf_keras's `CallbackList` calls each callback's private
+  `_implements_train_batch_hooks`, `_implements_test_batch_hooks` and
+  `_implements_predict_batch_hooks` when it is made (tf_keras 2.x, and
+  `tf.keras` from TF 2.4 to 2.15), to skip the batch hooks no callback
+  overrides; a Keras 3 callback has none of them, and tf_keras's `fit` fails
+  on it with an AttributeError. Mixed into a Keras 3 callback, these answer
+  as tf_keras's own base class does: whether the class overrides one of
+  that mode's batch hooks. If tf_keras stops asking, they go unused.
+  """
+
+  _BATCH_HOOKS = {
+    "train": ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end"),
+    "test": ("on_test_batch_begin", "on_test_batch_end"),
+    "predict": ("on_predict_batch_begin", "on_predict_batch_end"),
+  }
+
+  def _overrides_batch_hooks(self, mode):
+    base = keras.callbacks.Callback
+    return any(
+      getattr(type(self), hook) is not getattr(base, hook) for hook in self._BATCH_HOOKS[mode]
+    )
+
+  def _implements_train_batch_hooks(self):
+    return self._overrides_batch_hooks("train")
+
+  def _implements_test_batch_hooks(self):
+    return self._overrides_batch_hooks("test")
+
+  def _implements_predict_batch_hooks(self):
+    return self._overrides_batch_hooks("predict")
 
 
 # tf_keras's OptimizerV2 (`tf_keras.optimizers.legacy.*`, the optimizers of

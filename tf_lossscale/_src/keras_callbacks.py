@@ -5,9 +5,9 @@ the model's framework before `fit` runs, so the object must already be a
 callback of both: while tf_keras is imported, `LossScaleMonitor(...)` returns
 an instance of a cached subclass that also inherits
 `tf_keras.callbacks.Callback` (Keras 3's base comes first, so Keras 3's
-`set_model` and `model` serve both). A tf_keras model cannot exist before
-tf_keras is imported; a monitor made before that import is a Keras 3
-callback only.
+`set_model` and `model` serve both). A monitor made before tf_keras is
+imported is a Keras 3 callback, which tf_keras's `fit` runs as well: it
+answers what tf_keras asks of its callbacks (`TfKerasBatchHooks`).
 
 What it reads, after every batch (every execution with `steps_per_execution`
 above 1): the optimizer's `iterations`, `skipped_steps` and `loss_scale`.
@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_lossscale._src import keras_optimizer
+from tf_lossscale._src import framework_internals, keras_optimizer
 
 _ON_MIN_SCALE = ("warn", "raise", "ignore")
 # What TensorBoard's scalar summaries carry, so that TensorBoard shows ours as
@@ -68,7 +68,7 @@ def _number(value):
   return tf.convert_to_tensor(value).numpy().item()
 
 
-class LossScaleMonitor(keras.callbacks.Callback):
+class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatchHooks):
   """Shows the loss scale and skipped steps of a `fit`, and watches the minimum.
 
   For a model compiled with a tf_lossscale `LossScaleOptimizer` (Keras 3 or
