@@ -1,7 +1,8 @@
 """Runs the test suite on each TensorFlow x Keras x tf_keras row of scripts/matrix.txt.
 
 Every row gets its own virtual environment under .matrix/<row>/ (created on first use,
-reused while the row's pins, setup.py and the Python stay the same) holding
+reused while the row's pins, setup.py and the Python stay the same), made by the row's
+Python (`python3.10` for a row pinned to 3.10, else `--python`) and holding
 `tensorflow-cpu`, `keras` and `tf-keras` at the row's versions, this checkout installed
 in editable mode and the test tools of setup.py's `test` extra. The whole suite then
 runs there (`pytest -q -n 2`, no lint), one row at a time; one line is printed per row
@@ -45,8 +46,8 @@ for text in importlib.metadata.requires("tf-lossscale") or []:
 """
 
 _VERSIONS = """
-import keras, tensorflow as tf, tf_keras
-print(tf.__version__, keras.__version__, tf_keras.__version__)
+import platform, keras, tensorflow as tf, tf_keras
+print(tf.__version__, keras.__version__, tf_keras.__version__, platform.python_version())
 """
 
 
@@ -56,6 +57,7 @@ class Row:
   tensorflow: str
   keras: str
   tf_keras: str
+  python_version: str = ""  # Such as "3.10"; empty: the default interpreter.
 
   @property
   def venv(self):
@@ -83,6 +85,7 @@ class Result:
   setup_minutes: float = 0.0
   test_minutes: float = 0.0
   ran: bool = False
+  python: str = ""  # The venv's Python version, once set up.
   problem: str = ""  # why there are no test counts: set-up failed, no report
   failures: list = dataclasses.field(default_factory=list)
 
@@ -104,8 +107,10 @@ def read_matrix(path=MATRIX_FILE):
     fields = line.split("#", 1)[0].split()
     if not fields:
       continue
-    if len(fields) != 4:
-      raise SystemExit(f"{path}:{number}: expected `name tensorflow-cpu keras tf-keras`: {line!r}")
+    if len(fields) not in (4, 5):
+      raise SystemExit(
+        f"{path}:{number}: expected `name tensorflow-cpu keras tf-keras [python]`: {line!r}"
+      )
     rows.append(Row(*fields))
   names = [row.name for row in rows]
   if len(set(names)) != len(names):
@@ -132,12 +137,54 @@ def _run_logged(command, log):
     subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=True, cwd=ROOT)
 
 
+def _runs(command):
+  try:
+    return subprocess.run([command, "--version"], capture_output=True).returncode == 0
+  except OSError:
+    return False
+
+
+def interpreter(row, default):
+  """The Python that makes the row's venv: `default`, or for a row pinned to version V,
+  `pythonV` where it runs, else pyenv's newest V.x.
+
+  Raises:
+    RuntimeError: If there is no such Python here.
+  """
+  if not row.python_version:
+    return default
+  command = f"python{row.python_version}"
+  if _runs(command):
+    return command
+  pyenv = (
+    subprocess.run(["pyenv", "root"], capture_output=True, text=True)
+    if shutil.which("pyenv")
+    else None
+  )
+  if pyenv is not None and pyenv.returncode == 0:
+    versions = pathlib.Path(pyenv.stdout.strip()) / "versions"
+    found = sorted(
+      versions.glob(f"{row.python_version}.*/bin/{command}"),
+      key=lambda p: [int(n) for n in p.parent.parent.name.split(".") if n.isdigit()],
+    )
+    if found and _runs(str(found[-1])):
+      return str(found[-1])
+  raise RuntimeError(
+    f"the row wants Python {row.python_version}: no `{command}` runs here, nor pyenv's"
+  )
+
+
 def setup_venv(row, python):
-  """Creates the row's venv, or keeps it if it was made for the same pins and setup.py."""
+  """Creates the row's venv, or keeps it if it was made for the same pins and setup.py.
+
+  Returns:
+    The venv's Python version.
+  """
+  python = interpreter(row, python)
   key = f"{row}\n{python}\n".encode() + (ROOT / "setup.py").read_bytes()
   stamp = row.venv / f".ready-{hashlib.sha1(key).hexdigest()[:12]}"
   if stamp.exists():
-    return
+    return stamp.read_text().strip()
   if row.venv.exists():
     shutil.rmtree(row.venv)  # Something changed: start clean rather than upgrade in place.
   VENVS.mkdir(exist_ok=True)
@@ -162,9 +209,13 @@ def setup_venv(row, python):
     check=True,
     env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
   ).stdout.split()
-  if versions != [row.tensorflow, row.keras, row.tf_keras]:
-    raise RuntimeError(f"TF, Keras, tf_keras installed are {versions}, not the row's pins")
-  stamp.touch()
+  if versions[:3] != [row.tensorflow, row.keras, row.tf_keras]:
+    raise RuntimeError(f"TF, Keras, tf_keras installed are {versions[:3]}, not the row's pins")
+  python_version = versions[3]
+  if row.python_version and not python_version.startswith(f"{row.python_version}."):
+    raise RuntimeError(f"the venv's Python is {python_version}, not the row's {row.python_version}")
+  stamp.write_text(python_version + "\n")
+  return python_version
 
 
 def run_suite(row, pytest_args, show_output):
@@ -206,7 +257,7 @@ def run_row(row, python, pytest_args, setup_only, show_output):
   result = Result(row)
   start = time.monotonic()
   try:
-    setup_venv(row, python)
+    result.python = setup_venv(row, python)
   except (subprocess.CalledProcessError, RuntimeError) as error:
     result.problem = f"set-up failed ({error}); see {row.setup_log.relative_to(ROOT)}"
     return result
@@ -227,13 +278,14 @@ def run_row(row, python, pytest_args, setup_only, show_output):
   return result
 
 
-HEADER = ("row", "TF", "Keras", "tf_keras", "result", "set-up min", "tests min")
+HEADER = ("row", "Python", "TF", "Keras", "tf_keras", "result", "set-up min", "tests min")
 
 
 def cells(result):
   row = result.row
   return (
     row.name,
+    result.python or row.python_version or "?",
     row.tensorflow,
     row.keras,
     row.tf_keras,
@@ -252,7 +304,7 @@ def text_table(results):
 
 
 def where_and_when():
-  """Date, machine, load and Python of this run, and the commit it tested."""
+  """Date, machine and load of this run, and the commit it tested."""
   commit = subprocess.run(
     ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
   ).stdout.strip()
@@ -260,7 +312,7 @@ def where_and_when():
   return (
     f"{datetime.date.today().isoformat()} on {platform.system()} {platform.machine()}, "
     f"{len(os.sched_getaffinity(0))} CPUs (`nproc`), load average {load} (1, 5, 15 min) at "
-    f"the end, Python {platform.python_version()}, commit {commit or 'unknown'}"
+    f"the end, commit {commit or 'unknown'}"
   )
 
 
@@ -269,11 +321,12 @@ def markdown(results):
   lines = [
     f"`{command}`, {where_and_when()}:",
     "",
-    "| TensorFlow | Keras | tf_keras | passed | failed | skipped | minutes |",
-    "|---|---|---|---|---|---|---|",
+    "| Python | TensorFlow | Keras | tf_keras | passed | failed | skipped | minutes |",
+    "|---|---|---|---|---|---|---|---|",
   ]
   for r in results:
-    pins = f"| {r.row.tensorflow} | {r.row.keras} | {r.row.tf_keras} "
+    python = r.python or r.row.python_version or "?"
+    pins = f"| {python} | {r.row.tensorflow} | {r.row.keras} | {r.row.tf_keras} "
     if r.problem:
       lines.append(f"{pins}| {r.problem} | | | |")
     else:
@@ -329,8 +382,8 @@ def main():
     for row in rows:
       state = "venv ready" if any(row.venv.glob(".ready-*")) else "no venv yet"
       print(
-        f"{row.name:12} tensorflow-cpu=={row.tensorflow:8} keras=={row.keras:8} "
-        f"tf-keras=={row.tf_keras:8} {state}"
+        f"{row.name:14} python {row.python_version or '(--python)':10} tensorflow-cpu=={row.tensorflow:8} "
+        f"keras=={row.keras:8} tf-keras=={row.tf_keras:8} {state}"
       )
     return 0
   results = []
