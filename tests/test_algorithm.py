@@ -462,6 +462,37 @@ def test_replicas_all_finite_decides_once_for_all_replicas(
   assert results == [expected] * strategy.num_replicas_in_sync
 
 
+def test_an_in_sync_decision_is_replica_0s_check_run_on_its_device(mode, monkeypatch):
+  # Replica 0 on the second CPU, so that a check left on the default device shows.
+  strategy = helpers._OwnKeysMirroredStrategy(["/cpu:1", "/cpu:0"])
+  seen = []
+
+  def check(grads):
+    seen.append((grads[0].device, tf.constant(0.0).device))
+    return algorithm.all_finite(grads)
+
+  def decide(strategy, grad):
+    # Eagerly, `call_for_each_replica` runs a thread per replica: not needed here.
+    with monkeypatch.context() as patch:
+      patch.setattr(strategy.extended, "call_for_each_replica", None)
+      return algorithm.replicas_all_finite([grad], True, check=check)
+
+  @mode
+  def step():
+    def replica_fn():
+      ctx = tf.distribute.get_replica_context()
+      grad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, helpers.replica_nan([1.0], -1))
+      return tf.identity(ctx.merge_call(decide, args=(grad,)))
+
+    return strategy.run(replica_fn)
+
+  assert [bool(x) for x in strategy.experimental_local_results(step())] == [True, True]
+  assert strategy.extended.worker_devices[0].endswith("CPU:1")
+  assert len(seen) == 1
+  for device in seen[0]:
+    assert device.endswith("CPU:1"), seen
+
+
 UPDATES = {"plain": algorithm.update_scale_variables, "fast": fast_paths.update_scale_variables}
 
 

@@ -165,8 +165,10 @@ def replicas_all_finite(grads, grads_in_sync, check=all_finite):
     return check(grads)
   strategy = tf.distribute.get_strategy()
   if grads_in_sync:
-    per_replica = strategy.extended.call_for_each_replica(check, args=(grads,))
-    return strategy.experimental_local_results(per_replica)[0]
+    # Replica 0's values, checked on its device: no replica threads needed.
+    local = [None if g is None else strategy.experimental_local_results(g)[0] for g in grads]
+    with tf.device(strategy.extended.worker_devices[0]):
+      return check(local)
   # Booleans cannot be all-reduced: count the finite replicas instead.
   per_replica = strategy.extended.call_for_each_replica(
     lambda g: tf.cast(check(g), tf.float32), args=(grads,)
