@@ -1,9 +1,11 @@
 """Helpers shared by the tests (import as `import helpers`)."""
 
 import functools
+import importlib.util
 import inspect
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -17,6 +19,17 @@ import tensorflow as tf
 KERAS3_OPTIMIZERS_CHECKPOINT = issubclass(
   keras.optimizers.Optimizer, tf.__internal__.tracking.Trackable
 )
+
+
+SCRIPTS = pathlib.Path(__file__).resolve().parent.parent / "scripts"
+
+
+def load_script(name):
+  """`scripts/<name>.py`, imported as a module of that name."""
+  spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def python_blocks(text):

@@ -7,7 +7,6 @@ behaviours of TF 2.4's check that a faster one (sums instead of element-wise
 """
 
 import argparse
-import importlib.util
 import io
 import json
 import os
@@ -18,15 +17,14 @@ import time
 
 import pytest
 
+import helpers
+
 _SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "benchmark.py"
 
 
 @pytest.fixture(scope="module")
 def benchmark():
-  spec = importlib.util.spec_from_file_location("benchmark", _SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return helpers.load_script("benchmark")
 
 
 def test_tiny_run_reports_every_config_in_json_and_markdown(benchmark, tmp_path):

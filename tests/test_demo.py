@@ -1,20 +1,14 @@
 """Tests of `scripts/demo.py`: the run it prints and the picture `--plot` draws."""
 
-import importlib.util
-import pathlib
-
 import keras
 import pytest
 
-_SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "demo.py"
+import helpers
 
 
 @pytest.fixture
 def demo():
-  spec = importlib.util.spec_from_file_location("demo", _SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  yield module
+  yield helpers.load_script("demo")
   keras.mixed_precision.set_global_policy("float32")  # The demo trains in mixed_float16.
 
 

@@ -1,20 +1,14 @@
 """`scripts/test-matrix`'s reading of scripts/matrix.txt and its choice of Python per row
 (the runs themselves take an hour: the README's table is their record)."""
 
-import importlib.util
-import pathlib
-
 import pytest
 
-_SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "matrix.py"
+import helpers
 
 
 @pytest.fixture(scope="module")
 def matrix():
-  spec = importlib.util.spec_from_file_location("matrix", _SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return helpers.load_script("matrix")
 
 
 def test_the_python_rows_run_the_oldest_and_newest_pairs(matrix):
