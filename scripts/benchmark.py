@@ -891,7 +891,7 @@ def _label(row):
 
 
 def _verdict(peers, ours, floors):
-  """Issue 6's goal for one row: every family's overhead at most half the
+  """The project's early goal for one row: every family's overhead at most half the
   best peer's. Where a family misses it, "floor > ½" (or "floor+cond > ½")
   says that family's own floor (with the conditional) already costs more."""
   peers = [p for p in peers if p is not None]

@@ -528,7 +528,7 @@ def v2_restore_slot_variable(optimizer, slot_name, variable, slot_variable):
   return optimizer._restore_slot_variable(slot_name, variable, slot_variable)
 
 
-# --- Issue 16: what Horovod-style wrappers and users call on an OptimizerV2 -------
+# --- What Horovod-style wrappers and users call on an OptimizerV2 -------
 
 
 def v2_compute_gradients(optimizer, loss, var_list, grad_loss, tape):
