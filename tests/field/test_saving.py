@@ -7,8 +7,10 @@ tensorflow/tensorflow#48862 (one optimizer wrapped by two loss-scale
 optimizers breaks checkpointing). The issue also lists keras-team/tf-keras#349
 and #203, which could not be read here; tf_keras's formats are covered below.
 
-Every test saves mid-training, keeps training, then loads into a fresh model
-and trains the same steps: the continuation must be identical. The file formats
+Every test of a format that keeps the optimizer's state saves mid-training, keeps
+training, then loads into a fresh model and trains the same steps: the
+continuation must be identical. Where tf_keras keeps none (an OptimizerV2 in a
+.keras file or a SavedModel), what comes back is compared with a plain one's. The file formats
 run under MirroredStrategy for one representative each (loading under a
 strategy is the same code for every family); `tf.train.Checkpoint` runs under
 both strategies for every family.
@@ -134,6 +136,35 @@ def test_tf_keras_keras_file_restores_the_new_optimizers_state(tmp_path):
   assert float(resumed.optimizer.loss_scale) == 8.0
   _fit(resumed, 1)
   _assert_same_training_state(resumed, model)
+
+
+def test_tf_keras_keras_file_keeps_an_optimizer_v2_wrappers_configuration_only(tmp_path):
+  """tf_keras's .keras format saves no OptimizerV2's state, wrapped or not.
+
+  The weights and the wrapper's configuration come back; `iterations`, the slots
+  and the scale start afresh, exactly as a plain OptimizerV2's do.
+  """
+  saved, loaded = {}, {}
+  for name, make in (
+    ("plain", lambda: common.make_inner("tf_keras", "Adam", learning_rate=0.1)),
+    ("ours", lambda: _make_lso("tf_keras")),
+  ):
+    model = common.dense_model(tf_keras)
+    model.compile(make(), loss="mse")
+    _fit(model, 2)
+    path = str(tmp_path / f"{name}.keras")
+    model.save(path)
+    saved[name], loaded[name] = model, tf_keras.models.load_model(path)
+    for ours, theirs in zip(loaded[name].get_weights(), model.get_weights(), strict=True):
+      np.testing.assert_array_equal(ours, theirs)
+    assert common.as_int(model.optimizer.iterations) == 4
+  assert common.as_int(loaded["plain"].optimizer.iterations) == 0
+  resumed = loaded["ours"].optimizer
+  assert isinstance(resumed, LSO)
+  assert isinstance(resumed.inner_optimizer, tf_keras.optimizers.legacy.Adam)
+  assert resumed.comparable_config() == saved["ours"].optimizer.comparable_config()
+  assert common.as_int(resumed.iterations) == 0 and float(resumed.loss_scale) == 8.0
+  assert resumed.get_slot_names() == loaded["plain"].optimizer.get_slot_names() == []
 
 
 def _custom_loop(strategy, model, opt):
