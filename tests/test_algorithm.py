@@ -441,6 +441,8 @@ def test_nan_on_one_replica_makes_every_replica_skip_and_halves_scale_once(strat
 def test_replicas_all_finite_decides_once_for_all_replicas(
   strategy, mode, grads_in_sync, bad_replica, expected
 ):
+  if bad_replica == "last" and strategy.num_replicas_in_sync == 1:
+    pytest.skip("one replica: the last is replica 0, the case before")
   bad_replica = {None: -1, 0: 0, "last": _last_replica(strategy)}[bad_replica]
 
   @mode

@@ -210,6 +210,15 @@ def test_scaled_loss_keeps_the_loss_dtype():
   [(grad, _)] = opt.compute_gradients(lambda: w * w, var_list=[w])
   assert grad.dtype == tf.float16
   assert float(grad) == 4.0
+  with tf.Graph().as_default():  # the scaling itself, seen in a TF1 graph
+    w = tf.compat.v1.Variable(tf.constant(2.0, tf.float16))
+    loss = w * w
+    opt = Ours(tf.compat.v1.train.GradientDescentOptimizer(1.0), 1024)
+    opt.compute_gradients(loss, var_list=[w])
+    consumers = loss.consumers()
+    assert consumers and all(op.outputs[0].dtype == tf.float16 for op in consumers), [
+      (op.type, op.outputs[0].dtype) for op in consumers
+    ]
 
 
 def test_none_gradients_stay_none():
@@ -690,31 +699,42 @@ def test_strategies_loss_scaling_cannot_serve_are_refused_by_name(
   assert float(var.numpy()) == 1.0
 
 
-@pytest.mark.parametrize("strategy", ["central_storage", "one_device"])
-def test_other_strategies_work_as_with_tf_class(strategy):
-  devices = helpers.TWO_CPUS
-  made = {
-    "central_storage": lambda: tf.distribute.experimental.CentralStorageStrategy(devices),
-    "one_device": lambda: tf.distribute.OneDeviceStrategy(devices[0]),
-  }[strategy]()
-  with made.scope():
+def _two_steps_under(strategy, wrapper, dynamic_loss_scale):
+  """A finite step, then a NaN one; the variable after each and the final scale."""
+  with strategy.scope():
     var = tf.Variable([1.0, 2.0])
-    loss_scale = ls_module.DynamicLossScale(8.0)
-    opt = Ours(tf.compat.v1.train.GradientDescentOptimizer(1.0), loss_scale)
+    loss_scale = dynamic_loss_scale(8.0)
+    opt = wrapper(tf.compat.v1.train.GradientDescentOptimizer(1.0), loss_scale)
 
   @tf.function
   def step(m):
     def replica_step():
       opt.minimize(lambda: m * tf.reduce_sum(var * COEFFS), var_list=[var])
 
-    made.run(replica_step)
+    strategy.run(replica_step)
 
-  step(tf.constant(1.0))
-  replicas = made.num_replicas_in_sync
-  np.testing.assert_allclose(var.numpy(), INITIAL_VAR - replicas * COEFFS)
-  step(tf.constant(NAN))
-  np.testing.assert_allclose(var.numpy(), INITIAL_VAR - replicas * COEFFS)
-  assert float(loss_scale()) == 4.0
+  after = []
+  for m in (1.0, NAN):
+    step(tf.constant(m))
+    after.append(var.numpy())
+  return after, float(loss_scale())
+
+
+@pytest.mark.parametrize("strategy", ["central_storage", "one_device"])
+def test_other_strategies_work_as_with_tf_class(strategy):
+  devices = helpers.TWO_CPUS
+  made = {
+    "central_storage": lambda: tf.distribute.experimental.CentralStorageStrategy(devices),
+    "one_device": lambda: tf.distribute.OneDeviceStrategy(devices[0]),
+  }[strategy]
+  ours = _two_steps_under(made(), Ours, ls_module.DynamicLossScale)
+  theirs = _two_steps_under(made(), TFs, tf.compat.v1.mixed_precision.DynamicLossScale)
+  replicas = made().num_replicas_in_sync
+  expected = INITIAL_VAR - replicas * COEFFS
+  for after in (ours[0], theirs[0]):
+    np.testing.assert_allclose(after[0], expected)  # applied
+    np.testing.assert_allclose(after[1], expected)  # skipped
+  assert ours[1] == theirs[1] == 4.0
 
 
 @pytest.mark.parametrize("hook", ["_apply_dense", "_apply_sparse", "_resource_apply_dense"])

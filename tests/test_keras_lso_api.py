@@ -389,7 +389,7 @@ def test_checkpoint_interop_with_tf_keras_lso(tmp_path, direction):
   expected = _state(opt, var)
   path = tf.train.Checkpoint(optimizer=opt, var=var).save(str(tmp_path / "ckpt"))
 
-  reference = theirs()
+  reference = read()  # the other class: one checkpoint is ours, the other theirs
   reference_var = tf.Variable([1.0, 1.0])
   _train(reference, reference_var, STEPS)
   reference_path = tf.train.Checkpoint(optimizer=reference, var=reference_var).save(
@@ -414,13 +414,21 @@ def test_checkpoint_interop_with_tf_keras_lso(tmp_path, direction):
 def test_keras3_tf_checkpoints_work_where_plain_keras3_ones_do(tmp_path):
   """Keras 3.0's optimizers are no TF trackables (Keras 3.1 made them so):
   `tf.train.Checkpoint` refuses a plain one there, and ours alike."""
-  var = tf.Variable([1.0, 1.0])
-  for opt in (keras.optimizers.SGD(), LSO(keras.optimizers.SGD())):
-    if helpers.KERAS3_OPTIMIZERS_CHECKPOINT:
-      tf.train.Checkpoint(optimizer=opt, var=var).write(str(tmp_path / "ckpt"))
-    else:
+  for name, make in (
+    ("plain", keras.optimizers.SGD),
+    ("ours", lambda: LSO(keras.optimizers.SGD())),
+  ):
+    opt, var = make(), tf.Variable([1.0, 1.0])
+    if not helpers.KERAS3_OPTIMIZERS_CHECKPOINT:
       with pytest.raises(ValueError, match="was expecting optimizer to be a trackable object"):
         tf.train.Checkpoint(optimizer=opt, var=var)
+      continue
+    opt.apply_gradients([(tf.constant([1.0, 2.0]), var)])
+    path = tf.train.Checkpoint(optimizer=opt, var=var).write(str(tmp_path / name))
+    restored, restored_var = make(), tf.Variable([0.0, 0.0])
+    tf.train.Checkpoint(optimizer=restored, var=restored_var).read(path).assert_consumed()
+    assert count(restored.iterations) == 1
+    np.testing.assert_array_equal(restored_var.numpy(), var.numpy())
 
 
 def test_delegate_tracking_says_whether_there_is_a_trackable_to_delegate_to():
