@@ -59,7 +59,12 @@ def main(argv=None):
     argv: The arguments (without the program name). Defaults to `sys.argv[1:]`.
 
   Returns:
-    0 on success, 1 when `--check` finds a file to change, 2 on an error.
+    0 on success, 1 when `--check` finds a file to change, 2 when a file
+    cannot be read, decoded or parsed (the others are still processed).
+
+  Raises:
+    SystemExit: From argparse: with status 2 on a usage error (no paths, an
+      unknown option or a bad value), with 0 after `--help`.
   """
   args = _parser().parse_args(argv)
   started, cpu_started = time.perf_counter(), _cpu_seconds()

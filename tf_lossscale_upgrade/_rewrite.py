@@ -38,10 +38,11 @@ class Finding:
   Attributes:
     line: 1-based line in the source.
     column: 1-based column.
-    kind: `REWRITE` (done), `NOT_REWRITTEN` (recognised, left for a person) or
-      `CHECK` (rewritten, but something near it needs a person's look).
+    kind: `'rewrite'` (done), `'not rewritten'` (recognised, left for a
+      person) or `'check'` (rewritten, but something near it needs a
+      person's look).
     old: The name as written (a dotted name, or the module of an import).
-    new: What it became (REWRITE only).
+    new: What it became (`'rewrite'` only).
     reason: Why it was not rewritten, or what to check.
   """
 
@@ -98,7 +99,8 @@ def upgrade_source(code):
 
   Returns:
     A `Result`: the new code (`code` itself when nothing changes) and the
-    findings, one per rewrite and per use left for a person, in source order.
+    findings, in source order: one per rewrite, per use left for a person,
+    and per rewritten use that a person should check.
 
   Raises:
     libcst.ParserSyntaxError: If `code` is not valid Python.

@@ -104,6 +104,8 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
       ValueError: If `opt` is not a `tf.compat.v1.train.Optimizer` (a Keras
         optimizer is not), if `loss_scale` is None, or if `loss_scale` cannot
         be interpreted.
+      TypeError: If `loss_scale` is a serialized loss scale whose `config`
+        has keys that are not the class's arguments, as in TF 2.4.
     """
     if not isinstance(opt, _V1Optimizer):
       raise ValueError(f'"opt" must be an instance of Optimizer, but got: {type(opt)}')

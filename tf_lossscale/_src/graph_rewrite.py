@@ -110,8 +110,13 @@ def enable_mixed_precision_graph_rewrite(opt, loss_scale="dynamic"):
   True
   >>> tf_lossscale.compat.v1.mixed_precision.disable_mixed_precision_graph_rewrite()
 
-  Only one mixed precision API can be used: this function and a mixed Keras
-  global policy (`set_policy`, `set_global_policy`) refuse each other.
+  Only one mixed precision API can be used. This function refuses to run
+  while a mixed global policy is set: Keras 3's (however it was set), or
+  one recorded in TF's flag (by the experimental `set_policy` or tf_keras's
+  `set_global_policy`). Once it has run, the experimental `set_policy`
+  (and tf_keras's `set_global_policy`) refuse a mixed policy; Keras 3's
+  `set_global_policy` (`tf_lossscale.keras.mixed_precision`'s) does not
+  check.
 
   Args:
     opt: A `tf.compat.v1.train.Optimizer` or a Keras optimizer.
@@ -125,6 +130,8 @@ def enable_mixed_precision_graph_rewrite(opt, loss_scale="dynamic"):
   Raises:
     ValueError: If a mixed Keras global policy is set, if `opt` already is a
       loss scale optimizer this function makes, or is not an optimizer.
+    TypeError: If `opt` is a (non-experimental) Keras `LossScaleOptimizer`,
+      which the experimental one refuses to wrap, as in TF 2.4.
   """
   if _mixed_keras_policy_in_use():
     raise ValueError(

@@ -131,6 +131,8 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
       when the model's optimizer is not a tf_lossscale `LossScaleOptimizer`.
   """
 
+  __signature__ = keras_optimizer.InitSignature()
+
   def __new__(cls, *args, **kwargs):
     del args, kwargs
     if cls is LossScaleMonitor and "tf_keras" in sys.modules:
@@ -199,6 +201,15 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
   # --- Callback hooks -------------------------------------------------------------
 
   def on_train_begin(self, logs=None):
+    """Finds the optimizer, reads its numbers, opens the summary writer.
+
+    The writer is opened on the chief only, for a `tensorboard` given; the
+    run at the minimum and the once-per-`fit` warning start afresh.
+
+    Raises:
+      ValueError: If the model's optimizer is not a tf_lossscale
+        `LossScaleOptimizer`.
+    """
     self._opt = self._optimizer()
     strategy = getattr(self.model, "distribute_strategy", None)
     self._chief = is_chief(strategy)
@@ -210,9 +221,18 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
     self._warned = False
 
   def on_epoch_begin(self, epoch, logs=None):
+    """Notes the skipped total that the epoch's `skipped_steps` counts from."""
     self._epoch_start_skipped = self._last[1]
 
   def on_train_batch_end(self, batch, logs=None):
+    """Reads the numbers, watches the minimum, writes summaries when due.
+
+    Summaries are written here only for an int `update_freq`.
+
+    Raises:
+      RuntimeError: With `on_min_scale='raise'`, once the scale has sat at
+        its minimum through `min_scale_patience` consecutive skipped steps.
+    """
     previous, self._last = self._last, self._read()
     self._watch_minimum(previous, self._last)
     # Written at the first read at or after each multiple of update_freq.
@@ -222,6 +242,12 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
       self._write(*self._last)
 
   def on_epoch_end(self, epoch, logs=None):
+    """Adds the epoch's numbers to `logs`; writes summaries for `'epoch'`.
+
+    The keys added are `loss_scale`, `skipped_steps` and
+    `skipped_steps_total`; summaries are written when `update_freq` is
+    `'epoch'`.
+    """
     step, skipped, scale = self._last = self._read()
     if logs is not None:
       logs["loss_scale"] = scale
@@ -231,6 +257,7 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
       self._write(step, skipped, scale)
 
   def on_train_end(self, logs=None):
+    """Closes the summary writer that `on_train_begin` opened, if any."""
     if self._writer is not None:
       self._writer.close()
       self._writer = None

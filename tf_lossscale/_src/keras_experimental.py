@@ -15,9 +15,9 @@ _SCALE_OPTIONS = ("min_loss_scale", "max_loss_scale", "hysteresis")
 class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
   """A deprecated optimizer that applies loss scaling.
 
-  Warning: This class is deprecated and will be removed in TensorFlow 2.5.
-  Please use the non-experimental class
-  `tf_lossscale.keras.mixed_precision.LossScaleOptimizer` instead.
+  Warning: This class is deprecated, as it was in TF 2.4; tf_lossscale keeps
+  it for code written for TF 2.3 and 2.4. Please use the non-experimental
+  class `tf_lossscale.keras.mixed_precision.LossScaleOptimizer` instead.
 
   It is identical to the non-experimental class except for its constructor,
   which takes a `loss_scale` where the non-experimental one takes `dynamic`,

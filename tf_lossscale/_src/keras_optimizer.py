@@ -28,6 +28,7 @@ for an OptimizerV2 under CentralStorageStrategy (which must aggregate itself),
 step 1 is left out and step 2 counts each replica's own finiteness instead.
 """
 
+import inspect
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -182,6 +183,23 @@ def _not_an_optimizer_error(inner_optimizer):
     '"inner_optimizer" must be an instance of `tf.keras.optimizers.Optimizer`, '
     f"but got: {inner_optimizer}."
   )
+
+
+class InitSignature:
+  """A class's `__signature__`: its `__init__`'s, without `self`.
+
+  `inspect.signature` (hence `help`) shows a class's `__new__` when the
+  class defines one beside its `__init__`: `(*args, **kwargs)` for the
+  classes whose `__new__` picks the class to make. Read from a subclass, it
+  gives that subclass's `__init__`.
+
+  >>> inspect.signature(LossScaleOptimizer).parameters['dynamic']
+  <Parameter "dynamic: bool = True">
+  """
+
+  def __get__(self, instance, owner):
+    signature = inspect.signature(owner.__init__)
+    return signature.replace(parameters=tuple(signature.parameters.values())[1:])
 
 
 class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
@@ -340,6 +358,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
   # The constructor's name for the inner optimizer (the experimental class's differs).
   _INNER_ARGUMENT = "inner_optimizer"
+  __signature__ = InitSignature()
 
   def __new__(cls, *args, **kwargs):
     inner_optimizer = args[0] if args else kwargs.get(cls._INNER_ARGUMENT)
@@ -463,18 +482,29 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
   @property
   def dynamic_counter(self) -> tf.Variable | None:
-    """Steps since the loss scale last changed (a variable); None if fixed.
+    """The dynamic loss scale's step counter (a variable); None if fixed.
 
-    It counts every finite step; on reaching `dynamic_growth_steps` the scale
-    doubles and it restarts at 0, as it does on a non-finite step, where the
-    scale halves. With a `hysteresis` above 1 a non-finite step that does not
-    halve the scale sets it to minus the length of the run of consecutive
-    non-finite steps so far (at most `hysteresis - 1`); the next finite step
-    makes it 1.
+    A finite step adds 1 to it, or sets it to 1 if it is negative; on
+    reaching `dynamic_growth_steps` the scale doubles and it restarts at 0.
+    With `hysteresis` 1 (the default) a non-finite step halves the scale and
+    resets it to 0, as in TF 2.4. With a `hysteresis` above 1 a non-finite
+    step sets it to minus the length of the run of consecutive non-finite
+    steps so far, capped at `hysteresis - 1`, the steps that halve the scale
+    included (those from the `hysteresis`-th of the run on).
 
     >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD())
     >>> int(opt.dynamic_counter)
     0
+    >>> opt = LossScaleOptimizer(tf.keras.optimizers.SGD(), initial_scale=8,
+    ...                          hysteresis=2)
+    >>> var = tf.Variable(1.)
+    >>> for grad in [1., float('nan'), float('nan'), float('nan')]:
+    ...   _ = opt.apply_gradients([(tf.constant(grad), var)])
+    ...   print(int(opt.dynamic_counter), float(opt.loss_scale))
+    1 8.0
+    -1 8.0
+    -1 4.0
+    -1 2.0
     """
     if self.dynamic:
       return self._state.counter

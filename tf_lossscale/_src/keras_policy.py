@@ -213,10 +213,14 @@ class Policy(_NAME_PARSING_POLICY):
       warning.
 
   Raises:
-    TypeError: If `name` is not a string.
+    TypeError: If `name` is not a string, or `loss_scale` is a serialized
+      loss scale whose `config` has keys that are not the class's arguments,
+      as in TF 2.4.
     ValueError: If `name` is not a policy name, or `loss_scale` cannot be
       interpreted.
   """
+
+  __signature__ = keras_optimizer.InitSignature()
 
   def __new__(cls, *args, **kwargs):
     parent_new = super().__new__

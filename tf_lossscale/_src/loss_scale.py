@@ -183,7 +183,11 @@ class FixedLossScale(LossScale):
     return tf.convert_to_tensor(self._loss_scale_value)
 
   def update(self, grads):
-    """Does nothing: gradients are always applied. Returns `(no_op, True)`."""
+    """Does nothing: gradients are always applied.
+
+    Returns:
+      `(update_op, True)`: `update_op` is a no-op in a graph, None eagerly.
+    """
     del grads
     return tf.no_op(), True
 
@@ -359,14 +363,29 @@ class DynamicLossScale(LossScale):
 
   @property
   def initial_loss_scale(self) -> float:
+    """The scale it starts at (2**15 unless set).
+
+    >>> DynamicLossScale().initial_loss_scale
+    32768.0
+    """
     return self._settings.initial_scale
 
   @property
   def increment_period(self) -> int:
+    """Consecutive finite steps at which the scale grows (2000 unless set).
+
+    >>> DynamicLossScale().increment_period
+    2000
+    """
     return self._settings.growth_steps
 
   @property
   def multiplier(self) -> float:
+    """The factor the scale grows and shrinks by (2 unless set).
+
+    >>> DynamicLossScale().multiplier
+    2.0
+    """
     return self._settings.multiplier
 
   @property
@@ -512,7 +531,10 @@ def deserialize(config: dict[str, Any], custom_objects: dict[str, type] | None =
     A new `LossScale`.
 
   Raises:
-    ValueError: If `config` is malformed or names an unknown class.
+    ValueError: If `config` is not a dict with keys `class_name` and
+      `config`, names an unknown class, or holds a value the class refuses.
+    TypeError: If `config['config']` is not a dict or has keys that are not
+      the class's arguments (raised by its constructor, as in TF 2.4).
 
   >>> deserialize({'class_name': 'DynamicLossScale', 'config': {
   ...     'initial_loss_scale': 2., 'increment_period': 5, 'multiplier': 4.}})
@@ -543,7 +565,10 @@ def get(identifier: Any) -> LossScale | None:
     A `LossScale`, or None for None.
 
   Raises:
-    ValueError: For anything else.
+    ValueError: For a number that is not a valid fixed scale, for a dict
+      `deserialize` refuses with a ValueError, and for anything else.
+    TypeError: For a dict whose `config` is not a dict or has keys that are
+      not the class's arguments (raised by its constructor, as in TF 2.4).
 
   >>> get(128)
   FixedLossScale(128.0)

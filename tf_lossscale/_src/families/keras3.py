@@ -88,11 +88,22 @@ class Keras3OptimizerApi(keras.optimizers.LossScaleOptimizer):
     return self.apply_gradients(zip(grads, trainable_variables, strict=True))
 
   def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+    """Not supported: always raises NotImplementedError.
+
+    The loss scale and its counter are `tf.Variable`s updated in place by a
+    `tf.distribute` cross-replica update, not tensors among the
+    `optimizer_variables` a stateless call passes (`variables` holds only the
+    inner optimizer's). Keras 3's TensorFlow optimizers refuse it too.
+
+    Raises:
+      NotImplementedError: Always.
+    """
     raise NotImplementedError(
       "LossScaleOptimizer does not support stateless_apply (it needs tf.distribute's variables)."
     )
 
   def finalize_variable_values(self, var_list):
+    """The inner optimizer's (e.g. its EMA of the weights), at the end of `fit`."""
     self._optimizer.finalize_variable_values(var_list)
 
   def save_own_variables(self, store):
