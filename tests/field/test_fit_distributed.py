@@ -10,7 +10,9 @@ not be read here; the execution modes it stands for (`steps_per_execution > 1`,
 `run_eagerly=True`) are covered generically.
 
 Each run records the weights after every training step and must match a
-plain optimizer on a single replica step by step.
+plain optimizer on a single replica step by step; under `mixed_float16`, where
+a plain optimizer's float16 gradients would underflow, the reference is the
+family's own loss-scale optimizer on a single replica.
 
 Two combinations cannot run on this machine whatever the optimizer (a plain
 one fails the same way), and are skipped with the reason: Keras 3's `fit` with
@@ -22,10 +24,12 @@ XLA test below compiles each replica's gradient computation instead, which
 works on every strategy.
 """
 
+import keras
 import multi_worker_job as job
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from field import common
 from tf_lossscale.keras import mixed_precision
@@ -145,49 +149,87 @@ def test_fit_with_regularization_matches_a_single_replica_step_by_step(family, s
   assert common.as_int(model.optimizer.iterations) == 4
 
 
+def _peer_wrapper(family):
+  """The family's own loss-scale optimizer at the scale of our mixed_float16 runs: Keras 3's
+  for Keras 3 optimizers, tf_keras's (a factory taking OptimizerV2 and its newer ones) else."""
+  if family == "keras3":
+    return lambda inner: keras.optimizers.LossScaleOptimizer(inner, initial_scale=2.0**10)
+  return lambda inner: tf_keras.mixed_precision.LossScaleOptimizer(inner, initial_scale=2.0**10)
+
+
+def _peer_scale(optimizer):
+  """A peer wrapper's current loss scale (Keras 3 names it `dynamic_scale`)."""
+  if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    return float(optimizer.dynamic_scale.numpy())
+  return float(optimizer.loss_scale)
+
+
 def test_fit_under_mixed_float16_mirrored_matches_a_single_replica(family, mixed_float16):
-  """With float16 computations the two runs agree to float16 precision, scale included."""
-  runs = []
-  mirrored = common.strategy("mirrored")
-  factor = _fit_gradient_factor(family, mirrored)
-  for strategy, learning_rate in ((common.strategy("default"), 0.1 * factor), (mirrored, 0.1)):
-    record, model = _fit(
-      family, strategy, lambda inner: LSO(inner, initial_scale=2.0**10), {}, learning_rate
-    )
-    runs.append((record[-1], float(model.optimizer.loss_scale)))
-  (single, single_scale), (mirrored, mirrored_scale) = runs
-  for ours, theirs in zip(mirrored, single, strict=True):
-    np.testing.assert_allclose(ours, theirs, rtol=1e-2, atol=1e-3)
-  assert mirrored_scale == single_scale == 2.0**10
+  """One replica matches the family's own wrapper exactly; two agree to float16 precision.
+
+  Scaling by a power of two changes only exponents, in float16 as in float32,
+  and both wrappers unscale the float32 gradients by the exact reciprocal: our
+  run on one replica and the peer's take the same steps bit for bit. Across
+  replicas the float16 computations are split and summed in another order.
+  """
+  default, mirrored = common.strategy("default"), common.strategy("mirrored")
+  learning_rate = 0.1 * _fit_gradient_factor(family, mirrored)
+
+  def ours(inner):
+    return LSO(inner, initial_scale=2.0**10)
+
+  peer_record, peer = _fit(family, default, _peer_wrapper(family), {}, learning_rate)
+  single_record, single = _fit(family, default, ours, {}, learning_rate)
+  mirrored_record, mirrored_model = _fit(family, mirrored, ours, {}, 0.1)
+  assert len(single_record) == len(peer_record) == 4
+  for step_weights, peer_weights in zip(single_record, peer_record, strict=True):
+    for ours_value, theirs in zip(step_weights, peer_weights, strict=True):
+      np.testing.assert_array_equal(ours_value, theirs)
+  for ours_value, theirs in zip(mirrored_record[-1], single_record[-1], strict=True):
+    np.testing.assert_allclose(ours_value, theirs, rtol=1e-2, atol=1e-3)
+  scales = [_peer_scale(peer.optimizer)]
+  scales += [float(model.optimizer.loss_scale) for model in (single, mirrored_model)]
+  assert scales == [2.0**10] * 3  # 4 finite steps of the default 2000 before growing
+
+
+def _xla_run(family, strategy, scaled):
+  """Three steps on a variable whose gradients each replica computes in an XLA-compiled
+  function: through our wrapper at scale 8 if `scaled`, else with a plain optimizer."""
+  with strategy.scope():
+    var = tf.Variable([1.0, -2.0])
+    inner = common.make_inner(family, learning_rate=0.25, momentum=0.5)
+    opt = LSO(inner, initial_scale=8) if scaled else common.built(inner, [var])
+  scaling = opt if scaled else common.NoScaling
+
+  @tf.function(jit_compile=True)
+  def gradients(x):
+    with tf.GradientTape() as tape:
+      loss = scaling.get_scaled_loss(tf.reduce_sum(tf.sin(var) * x))
+    return scaling.get_unscaled_gradients(tape.gradient(loss, [var]))
+
+  @tf.function
+  def step(x):
+    def replica_fn():
+      # Each replica sees x / replicas: the summed gradient matches one replica with x.
+      grads = gradients(x / strategy.num_replicas_in_sync)
+      opt.apply_gradients(zip(grads, [var], strict=True))
+
+    strategy.run(replica_fn)
+
+  for i in range(3):
+    step(tf.constant([1.0, 0.5]) * (i + 1))
+  return var, opt
 
 
 def test_xla_compiled_replica_gradients_match_a_single_replica(family, strategy):
-  """keras#21366's setting without `merge_call` inside XLA: each replica's gradients compiled."""
-  runs = []
-  for strategy_used in (common.strategy("default"), strategy):
-    with strategy_used.scope():
-      var = tf.Variable([1.0, -2.0])
-      opt = LSO(common.make_inner(family, learning_rate=0.25, momentum=0.5), initial_scale=8)
+  """keras#21366's setting without `merge_call` inside XLA: each replica's gradients compiled.
 
-    @tf.function(jit_compile=True)
-    def gradients(x, var=var, opt=opt):
-      with tf.GradientTape() as tape:
-        scaled = opt.get_scaled_loss(tf.reduce_sum(tf.sin(var) * x))
-      return opt.get_unscaled_gradients(tape.gradient(scaled, [var]))
-
-    @tf.function
-    def step(x, gradients=gradients, var=var, opt=opt, strategy_used=strategy_used):
-      def replica_fn():
-        # Each replica sees x / replicas: the summed gradient matches one replica with x.
-        grads = gradients(x / strategy_used.num_replicas_in_sync)
-        opt.apply_gradients(zip(grads, [var], strict=True))
-
-      strategy_used.run(replica_fn)
-
-    for i in range(3):
-      step(tf.constant([1.0, 0.5]) * (i + 1))
-    runs.append((common.replica_values(strategy_used, var), float(opt.loss_scale)))
-  (single, single_scale), (ours, scale) = runs
-  for value in ours:
-    np.testing.assert_allclose(value, single[0], rtol=1e-6)
-  assert scale == single_scale == 8.0
+  The reference is a plain optimizer on one replica. In float32, scaling by 8
+  and unscaling are exact, and so are halving `x` and summing the two halves:
+  every replica's variable must equal it exactly.
+  """
+  reference, _ = _xla_run(family, common.strategy("default"), scaled=False)
+  var, opt = _xla_run(family, strategy, scaled=True)
+  common.assert_on_every_replica(strategy, var, reference.numpy())
+  assert float(opt.loss_scale) == 8.0
+  common.assert_on_every_replica(strategy, opt.dynamic_counter, 3)  # 3 finite steps

@@ -199,6 +199,14 @@ def _optimizer_state(opt, model):
   return opt.variables
 
 
+def _assert_scale_state(opt, scale, counter, strategy=None):
+  """`opt`'s loss scale is `scale` and its `dynamic_counter` `counter` (on every replica)."""
+  assert float(opt.loss_scale) == scale
+  common.assert_on_every_replica(
+    strategy or common.strategy("default"), opt.dynamic_counter, counter
+  )
+
+
 def test_tf_train_checkpoint_with_slots_resumes_identically(family, strategy, tmp_path):
   helpers.need_tf_checkpoints(family)
 
@@ -214,10 +222,13 @@ def test_tf_train_checkpoint_with_slots_resumes_identically(family, strategy, tm
   step(1, bad=True)
   step(0)
   path = checkpoint.write(str(tmp_path / "ckpt"))
+  _assert_scale_state(opt, 4.0, 1, strategy)  # 8 halved by the bad step, then 1 finite step
   for i in (1, 0, 1):
     step(i)
   resumed_model, resumed_opt, resumed_checkpoint, resumed_step = build()
   resumed_checkpoint.read(path).assert_existing_objects_matched()
+  # A fresh wrapper's (8, 0) would end at the same scale, but with another counter.
+  _assert_scale_state(resumed_opt, 4.0, 1, strategy)
   for i in (1, 0, 1):
     resumed_step(i)
   pairs = list(zip(resumed_model.trainable_variables, model.trainable_variables, strict=True))
@@ -226,29 +237,38 @@ def test_tf_train_checkpoint_with_slots_resumes_identically(family, strategy, tm
   )
   for ours, theirs in pairs:
     common.assert_on_every_replica(strategy, ours, common.replica_values(strategy, theirs)[0])
-  assert float(resumed_opt.loss_scale) == float(opt.loss_scale) == 16.0
+  # (4, 1) -> (8, 0) at the first step after the write, then (8, 1) -> (16, 0).
+  _assert_scale_state(opt, 16.0, 0, strategy)
+  _assert_scale_state(resumed_opt, 16.0, 0, strategy)
   assert common.as_int(resumed_opt.iterations) == common.as_int(opt.iterations) == 6
 
 
 def _checkpoint_resumes_identically(family, named, tmp_path):
-  """Fit, write `tf.train.Checkpoint(model=..., optimizer=<named>)`, read it into a fresh model."""
+  """Fit, write `tf.train.Checkpoint(model=..., optimizer=<named>)`, read it into a fresh model.
+
+  The scale grows every 3 steps: the 4 steps before the write leave (16, 1),
+  which a fresh wrapper's (8, 0) would not reach in the 2 steps after it.
+  """
   helpers.need_tf_checkpoints(family)
 
   def build():
     inner = common.make_inner(family, "Adam", learning_rate=0.1)
     model = common.dense_model(common.framework(family))
-    model.compile(LSO(inner, initial_scale=8), loss="mse")
+    model.compile(LSO(inner, initial_scale=8, dynamic_growth_steps=3), loss="mse")
     return model, tf.train.Checkpoint(model=model, optimizer=named(model))
 
   model, checkpoint = build()
-  _fit(model, 1)
+  _fit(model, 2)
   path = checkpoint.write(str(tmp_path / "ckpt"))
+  _assert_scale_state(model.optimizer, 16.0, 1)
   resumed, resumed_checkpoint = build()
   resumed_checkpoint.read(path).assert_existing_objects_matched()
+  _assert_scale_state(resumed.optimizer, 16.0, 1)
   _fit(model, 1)
   _fit(resumed, 1)
   _assert_same_training_state(resumed, model)
-  assert float(resumed.optimizer.loss_scale) == float(model.optimizer.loss_scale)
+  _assert_scale_state(model.optimizer, 32.0, 0)
+  _assert_scale_state(resumed.optimizer, 32.0, 0)
 
 
 @pytest.mark.parametrize("family", ["keras3", "tf_keras_new"])
@@ -321,11 +341,24 @@ def test_savedmodel_export_serves_the_trained_model(family, tmp_path):
 def test_a_second_wrapper_is_refused_before_it_can_break_checkpoints(family, tmp_path):
   """tensorflow#48862: the second wrapper used to fail only when checkpointing."""
   helpers.need_tf_checkpoints(family)
-  inner = common.make_inner(family)
-  opt = LSO(inner)
+
+  def build():
+    inner = common.make_inner(family, learning_rate=0.5)
+    opt = LSO(inner, initial_scale=8, dynamic_growth_steps=3)
+    var = tf.Variable([1.0])
+    return inner, opt, var, tf.train.Checkpoint(optimizer=opt, var=var)
+
+  inner, opt, var, checkpoint = build()
   with pytest.raises(ValueError, match="already wrapped by a LossScaleOptimizer"):
     LSO(inner)
-  var = tf.Variable([1.0])
-  opt.apply_gradients([(tf.constant([1.0]), var)])
-  path = tf.train.Checkpoint(optimizer=opt, var=var).write(str(tmp_path / "ckpt"))
-  assert path
+  opt.apply_gradients([(tf.constant([float("nan")]), var)])  # skipped: scale 8 -> 4
+  opt.apply_gradients([(tf.constant([1.0]), var)])  # applied: 1 - 0.5 * 1, counter 1
+  path = checkpoint.write(str(tmp_path / "ckpt"))
+  # The checkpoint holds the first wrapper's state, which a fresh one restores.
+  _, resumed, resumed_var, resumed_checkpoint = build()
+  resumed_checkpoint.read(path).assert_existing_objects_matched()
+  np.testing.assert_array_equal(resumed_var.numpy(), var.numpy())
+  np.testing.assert_array_equal(var.numpy(), [0.5])
+  assert common.as_int(resumed.iterations) == common.as_int(opt.iterations) == 2
+  _assert_scale_state(opt, 4.0, 1)
+  _assert_scale_state(resumed, 4.0, 1)
