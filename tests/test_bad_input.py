@@ -24,7 +24,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 from tensorflow.python.training.experimental import loss_scale as tf_loss_scale
-from test_keras_lso import FAMILIES, count, make_inner, shared_strategy
+from test_keras_lso import FAMILIES, count, locals_of, make_inner, shared_strategy
 
 import helpers
 import tf_lossscale
@@ -493,11 +493,22 @@ def test_compat_v1_float64_gradient_raises_before_anything_changes():
 @pytest.mark.parametrize("strategy_name", STRATEGIES)
 @pytest.mark.parametrize("family", ["tf_keras", "compat_v1"])
 def test_new_variable_gets_slots_and_is_applied_as_by_tf(family, strategy_name):
-  """OptimizerV2 and compat.v1 optimizers take variables they have not seen."""
+  """OptimizerV2 and compat.v1 optimizers take variables they have not seen.
+
+  Two steps on the new variable c, gradient 2 on each of R replicas (summed:
+  2R), lr 0.1, momentum 0.9. OptimizerV2: m = 0.9 m - 0.1 g, c += m, so
+  m = -0.2R then -0.38R; compat.v1: a = 0.9 a + g, c -= 0.1 a, so a = 2R then
+  3.8R; either way c = 1 - 0.2R, then 1 - 0.58R.
+  """
   trainer = Trainer(family, strategy_name, "eager")
-  trainer.apply(lambda v: [(tf.fill([2], 2.0), v["c"])])
-  c = trainer.strategy.experimental_local_results(trainer.vars["c"])[0].numpy()
-  np.testing.assert_allclose(c, 1.0 - 0.1 * 2.0 * trainer.strategy.num_replicas_in_sync)
+  replicas = trainer.strategy.num_replicas_in_sync
+  c = trainer.vars["c"]
+  for expected in (1.0 - 0.2 * replicas, 1.0 - 0.58 * replicas):
+    trainer.apply(lambda v: [(tf.fill([2], 2.0), v["c"])])
+    np.testing.assert_allclose(locals_of(trainer.strategy, c)[0], [expected] * 2, rtol=1e-6)
+  slot = locals_of(trainer.strategy, trainer.opt.get_slot(c, "momentum"))[0]
+  expected_slot = -0.38 * replicas if family == "tf_keras" else 3.8 * replicas
+  np.testing.assert_allclose(slot, [expected_slot] * 2, rtol=1e-6)
 
 
 @pytest.mark.parametrize("strategy_name", STRATEGIES)
@@ -508,3 +519,11 @@ def test_keras3_float64_gradient_is_cast_as_keras3_does(strategy_name):
     trainer.apply(lambda v, dtype=dtype: [(tf.ones([2], dtype), v["a"])])
     runs.append(trainer.state())
   assert runs[0] == runs[1]
+  # Plain Keras 3, the same two steps on a (the replicas' gradients summed).
+  replicas = trainer.strategy.num_replicas_in_sync
+  plain, var = make_inner("keras3", learning_rate=0.1, momentum=0.9), tf.Variable([1.0, 1.0])
+  for dtype in (tf.float32, tf.float64):
+    plain.apply_gradients([(tf.fill([2], tf.cast(replicas, dtype)), var)])
+  assert var.dtype == tf.float32
+  for replica in locals_of(trainer.strategy, trainer.vars["a"]):
+    np.testing.assert_array_equal(replica, var.numpy())

@@ -251,14 +251,24 @@ def test_eager_check_with_sparse_gradients(bad):
   assert bool(fast_paths.all_finite(grads)) == (bad is None)
 
 
-def test_eager_check_under_a_strategy_runs_op_by_op():
+def test_eager_check_under_a_strategy_runs_op_by_op(monkeypatch):
+  calls = []
+  one_call, op_by_op = fast_paths._check_call, fast_paths._check  # pylint: disable=protected-access
+  # The one call's function keeps the `_check` it was made with: each path is seen once.
+  monkeypatch.setattr(fast_paths, "_check_call", lambda v: calls.append("one call") or one_call(v))
+  monkeypatch.setattr(fast_paths, "_check", lambda v: calls.append("op by op") or op_by_op(v))
   strategy = helpers.make_strategy("mirrored")
   grads = [tf.constant([1.0, 2.0]), tf.constant([float("inf")])]
   with strategy.scope():
     assert not fast_paths.eager_outside_strategies()
     assert not bool(fast_paths.all_finite(grads))
     assert bool(fast_paths.all_finite(grads[:1]))
+  assert calls == ["op by op"] * 2
+  calls.clear()
   assert fast_paths.eager_outside_strategies()
+  assert not bool(fast_paths.all_finite(grads))
+  assert bool(fast_paths.all_finite(grads[:1]))
+  assert calls == ["one call"] * 2
 
 
 # --- TF1 graphs: one Switch gates the apply -----------------------------------
@@ -460,7 +470,7 @@ MODES = {
 def _small_gradients_are_large(mode, monkeypatch):
   """Sets the modes' limits so that the traps' few elements take the paths of
   large gradients; returns the mode to run in."""
-  if mode.endswith(("small_chunks", "products")):
+  if mode.startswith("xla_"):  # xla_gpu too: the matrices xla_products checks by products.
     monkeypatch.setattr(fast_paths, "_GROUPED_MAX_ELEMENTS", 2)
     monkeypatch.setattr(fast_paths, "_STACKED_MAX_ELEMENTS", 3)
   if mode.endswith("small_chunks"):  # The element-wise check, over several concatenations.
@@ -473,14 +483,50 @@ def _small_gradients_are_large(mode, monkeypatch):
 XLA_VARIANTS = ["xla_small_chunks", "xla_products", "xla_gpu", "function_gpu"]
 
 
+def _parts_taken(monkeypatch):
+  """The names of the check's parts that the next check builds, in a set it fills."""
+  taken = set()
+
+  def spy(name, part):
+    def recorded(*args):
+      taken.add(name)
+      return part(*args)
+
+    return recorded
+
+  for name in ("_summer", "_each_finite", "_concatenated_finite", "_products_finite"):
+    monkeypatch.setattr(fast_paths, name, spy(name, getattr(fast_paths, name)))
+  # The module's one call reuses what it traced before: it would build no part again.
+  monkeypatch.setattr(
+    fast_paths, "_check_call", fast_paths.OneCall(fast_paths._check, static_shapes=True)
+  )
+  return taken
+
+
+def _parts_expected(mode, grads):
+  """Outside XLA: sums, then the element-wise check if they are not finite, on a
+  CPU; the element-wise check alone on a GPU. Under XLA: concatenations, and on
+  a CPU with xla_products' limits, products for matrices of more than 2 elements."""
+  cpu = fast_paths._cpu_only()  # pylint: disable=protected-access
+  if not mode.startswith("xla"):
+    return {"_summer", "_each_finite"} if cpu else {"_each_finite"}
+  matrices = [g.shape.rank >= 2 and g.shape.num_elements() > 2 for g in grads]
+  if not (cpu and mode == "xla_products" and any(matrices)):
+    return {"_concatenated_finite"}
+  return {"_products_finite"} if all(matrices) else {"_products_finite", "_concatenated_finite"}
+
+
 @pytest.mark.parametrize("mode", [*MODES, *XLA_VARIANTS])
 @pytest.mark.parametrize("grads, expected", FAST_CHECK_TRAPS.values(), ids=FAST_CHECK_TRAPS)
 def test_all_finite_skips_exactly_on_nan_or_inf_never_on_overflow(
   grads, expected, mode, monkeypatch
 ):
-  mode = _small_gradients_are_large(mode, monkeypatch)
+  taken = _parts_taken(monkeypatch)
+  run = MODES[_small_gradients_are_large(mode, monkeypatch)]
   grads = grads()
-  assert bool(MODES[mode](lambda: fast_paths.all_finite(grads))()) is expected
+  assert bool(run(lambda: fast_paths.all_finite(grads))()) is expected
+  # Each mode checks its own path: xla_gpu, on the matrices, not xla_products' products.
+  assert taken == _parts_expected(mode, grads)
 
 
 @pytest.mark.parametrize("count", [6, 500])

@@ -57,12 +57,17 @@ def test_keras3_fit_uses_our_scale(policy, tmp_path):
 def test_keras3_fit_skips_overflowing_steps(policy):
   # The scaled gradients overflow (float16 backward pass, or float32 for a
   # scale of 2**127): the step is skipped and the scale halved, as TF 2.4 did.
+  # float32: the loss is 4, its gradient 4 per weight; scaled by 2**127 and
+  # 2**126 it overflows, by 2**125 (2**127) not: two skips, then w = 1 - 0.1 * 4.
+  # float16: the scaled gradients overflow float16 at 2**40, 2**39 and 2**38.
   initial = 2.0**40 if policy == "mixed_float16" else 2.0**127
   opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=initial)
   model = _fit(keras, opt)
   kernel = model.layers[0].kernel.numpy().ravel()
-  assert float(opt.loss_scale) < initial and int(opt.iterations.numpy()) == 3
-  assert np.isfinite(kernel).all()
+  skipped, applied = (3, 1.0) if policy == "mixed_float16" else (2, 0.6)
+  assert float(opt.loss_scale) == initial / 2**skipped
+  assert (int(opt.skipped_steps.numpy()), int(opt.iterations.numpy())) == (skipped, 3)
+  np.testing.assert_allclose(kernel, [applied, applied], rtol=1e-6)
 
 
 @pytest.mark.parametrize("optimizers", [tf_keras.optimizers.legacy, tf_keras.optimizers])
@@ -103,20 +108,24 @@ def test_keras3_fit_under_mirrored_strategy_takes_plain_keras_steps(policy):
   x = np.array([[1, 0], [1, 0], [0, 1], [0, 1]], "float32")
   strategy = shared_strategy("mirrored")
   kernels = []
-  for wrap in (lambda inner: mixed_precision.LossScaleOptimizer(inner, initial_scale=4), None):
+  # The reference: the plain optimizer, or under mixed_float16 (where compile
+  # would wrap a plain one in Keras 3's own loss scale, whose first steps at its
+  # default scale overflow) Keras 3's own wrapper at the same scale.
+  plain = (
+    (lambda inner: keras.optimizers.LossScaleOptimizer(inner, initial_scale=4))
+    if policy == "mixed_float16"
+    else (lambda inner: inner)
+  )
+  for wrap in (lambda inner: mixed_precision.LossScaleOptimizer(inner, initial_scale=4), plain):
     with strategy.scope():
-      inner = keras.optimizers.SGD(0.1)
-      model = _fit(keras, wrap(inner) if wrap else inner, x, shuffle=False)
+      model = _fit(keras, wrap(keras.optimizers.SGD(0.1)), x, shuffle=False)
     kernels.append([k.ravel() for k in locals_of(strategy, model.layers[0].kernel)])
   ours, plain = kernels
   step = 0.9 if job.keras3_fit_divides_loss() else 0.8
   for replica in ours:
     np.testing.assert_allclose(replica, [step**3, step**3], rtol=1e-3)
   if all(np.array_equal(replica, plain[0]) for replica in plain):
-    # (Under mixed_float16 Keras wraps the plain one in its own loss scale, whose
-    # first steps overflow and are skipped: no reference there.)
-    if policy == "float32":
-      np.testing.assert_allclose(ours, plain, rtol=1e-3)
+    np.testing.assert_allclose(ours, plain, rtol=1e-3)
   else:  # Keras < 3.5: no all-reduce, each copy steps on its replica's coordinate only.
     assert plain[0][1] == plain[1][0] == 1.0
 
