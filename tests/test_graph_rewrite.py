@@ -329,10 +329,21 @@ def test_keras_model_trains_with_the_rewrite_on():
 def test_compat_v1_optimizer_trains_eagerly_and_in_functions_with_the_rewrite_on(mode):
   var = tf.Variable([1.0, 2.0])
   opt = enable(tf.compat.v1.train.GradientDescentOptimizer(0.5), 1024)
+  assert _rewrite_state() == (True, True)
+  seen = tf.Variable(0.0)  # d(the loss the tape differentiates) / d(the loss)
+
+  @tf.custom_gradient
+  def record(loss):
+    def grad(upstream):
+      with tf.control_dependencies([seen.assign(upstream, read_value=False)]):
+        return tf.identity(upstream)
+
+    return tf.identity(loss), grad
 
   @mode
   def step():
-    opt.minimize(lambda: tf.reduce_sum(var**2), var_list=[var])
+    opt.minimize(lambda: record(tf.reduce_sum(var**2)), var_list=[var])
 
   step()
-  np.testing.assert_allclose(var.numpy(), [0.0, 0.0])
+  assert float(seen.numpy()) == 1024.0  # scaled by the wrapper the function made
+  np.testing.assert_allclose(var.numpy(), [0.0, 0.0])  # and unscaled

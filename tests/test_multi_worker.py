@@ -105,18 +105,12 @@ def _history(record):
   return [(h["scale"], h["counter"], h["kernel"], h["bias"]) for h in record["history"]]
 
 
-_KERAS3_FIT = pytest.param(
-  "fit_keras3",
-  marks=pytest.mark.skip(
-    reason="Keras 3's model.fit does not support MultiWorkerMirroredStrategy, even "
-    "without loss scaling: 'Attempt to convert a value (PerReplica...) with an "
-    "unsupported type' (keras-team/keras#20585). Covered with tf_keras here and with "
-    "Keras 3 under MirroredStrategy in test_distributed.py."
-  ),
-)
-
-
-@pytest.mark.parametrize("name", [*job.MULTI_WORKER_SCENARIOS, _KERAS3_FIT])
+# Not among them: Keras 3's `fit`. Keras 3's model.fit does not support
+# MultiWorkerMirroredStrategy, even without loss scaling ("Attempt to convert a
+# value (PerReplica...) with an unsupported type", keras-team/keras#20585). `fit` is
+# covered with tf_keras here and with Keras 3 under MirroredStrategy in
+# test_distributed.py; Keras 3 optimizers across workers in custom loops here.
+@pytest.mark.parametrize("name", job.MULTI_WORKER_SCENARIOS)
 def test_nan_on_one_worker_skips_the_step_on_both(cluster_results, name):
   assert [w["num_replicas_in_sync"] for w in cluster_results] == [NUM_WORKERS] * NUM_WORKERS
   records = _scenario(cluster_results, name)

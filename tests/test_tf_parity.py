@@ -489,6 +489,13 @@ def test_experimental_class_deserializes_as_the_non_experimental_class(family):
 
 @pytest.mark.parametrize("family", SERIALIZERS)
 def test_experimental_from_config_still_builds_the_experimental_class(family):
-  """As TF 2.4's `LossScaleOptimizerV1.from_config`."""
-  opt = ExperimentalLSO(make_inner(family, name="sgd"), loss_scale="dynamic")
-  assert isinstance(ExperimentalLSO.from_config(opt.get_config()), ExperimentalLSO)
+  """As TF 2.4's `LossScaleOptimizerV1.from_config` (tf_keras has no such class left):
+  the experimental class, with the loss scale and the inner optimizer of the config."""
+  restored = []
+  for make in (lambda: 16, lambda: loss_scale.DynamicLossScale(64, increment_period=7)):
+    opt = ExperimentalLSO(make_inner(family, name="sgd", learning_rate=0.5), loss_scale=make())
+    clone = ExperimentalLSO.from_config(opt.get_config())
+    assert type(clone) is type(opt) and clone.get_config() == opt.get_config()
+    assert float(np.asarray(clone.learning_rate)) == 0.5
+    restored.append((clone.dynamic, clone.initial_scale, clone.dynamic_growth_steps))
+  assert restored == [(False, 16.0, None), (True, 64.0, 7)]
