@@ -9,6 +9,7 @@ ruff and the tool itself (run on this repository) away from them.
 import functools
 import io
 import json
+import multiprocessing
 import os
 import pathlib
 import re
@@ -290,6 +291,28 @@ def test_many_files_in_worker_processes_give_the_same_result(tmp_path):
   assert result.stderr == ""  # --quiet: nothing reported
   expected = _expected_path("aliases.py").read_text()
   assert all(p.read_text() == expected for p in tmp_path.glob("*.py"))
+
+
+@pytest.mark.skipif(
+  not os.path.isdir("/proc/self/task") or multiprocessing.get_start_method() != "fork",
+  reason="only where processes fork by default and /proc lists a process's threads (Linux)",
+)
+def test_workers_are_spawned_where_this_process_runs_threads():
+  """A forked copy of a process running threads (TensorFlow's, here) can deadlock
+  or crash: a worker process of this pytest run once died so, from a fork."""
+  from tf_lossscale_upgrade import _cli
+
+  assert len(os.listdir("/proc/self/task")) > 1  # tf_lossscale imported TensorFlow
+  assert _cli._pool_context().get_start_method() == "spawn"
+  alone = "from tf_lossscale_upgrade import _cli; print(_cli._pool_context())"
+  result = subprocess.run(
+    [sys.executable, "-c", alone],
+    capture_output=True,
+    text=True,
+    check=True,
+    env=dict(os.environ, PYTHONPATH=str(ROOT)),
+  )
+  assert result.stdout == "None\n"  # one thread: the platform's fork, the fastest
 
 
 # The train.py of docs/migration.md's report example.

@@ -5,6 +5,7 @@ import concurrent.futures
 import dataclasses
 import difflib
 import io
+import multiprocessing
 import os
 import sys
 import time
@@ -173,10 +174,25 @@ def _cpu_seconds():
   return times.user + times.system + times.children_user + times.children_system
 
 
+def _pool_context():
+  """How to start the workers: the platform's way, unless that is `fork` and this
+  process runs more than one thread (TensorFlow's, once it is imported, e.g. by
+  `python -m tf_lossscale.upgrade` or a program calling `main`). A forked child
+  gets a copy of the memory with the other threads gone mid-work, which can
+  deadlock or crash it; `spawn` starts fresh interpreters instead."""
+  try:
+    threads = len(os.listdir("/proc/self/task"))  # Linux, where fork is the default
+  except OSError:
+    return None
+  if threads > 1 and multiprocessing.get_start_method() == "fork":
+    return multiprocessing.get_context("spawn")
+  return None
+
+
 def _process(paths, workers):
   files = [p for p in paths if p != "-"]
   if workers > 1:
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+    with concurrent.futures.ProcessPoolExecutor(workers, _pool_context()) as pool:
       done = dict(zip(files, pool.map(_upgrade_path_in_worker, files, chunksize=16)))
   else:
     done = {}
