@@ -161,3 +161,17 @@ def replica_nan(value, bad_replica=0):
     tf.fill(tf.shape(value), tf.constant(float("nan"), value.dtype)),
     value,
   )
+
+
+def gradient_probe(record):
+  """Identity whose backward pass stores the incoming gradient in `record`."""
+
+  @tf.custom_gradient
+  def identity(x):
+    def grad(dy):
+      with tf.control_dependencies([record.assign(dy, read_value=False)]):
+        return tf.identity(dy)
+
+    return tf.identity(x), grad
+
+  return identity

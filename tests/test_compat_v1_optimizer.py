@@ -159,20 +159,6 @@ class Reference:
     assert float(scale) == self.scale
 
 
-def _probe(record):
-  """Identity whose backward pass stores the incoming gradient in `record`."""
-
-  @tf.custom_gradient
-  def identity(x):
-    def grad(dy):
-      with tf.control_dependencies([record.assign(dy, read_value=False)]):
-        return tf.identity(dy)
-
-    return tf.identity(x), grad
-
-  return identity
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
   "loss_scale", [ls_module.FixedLossScale(128), "dynamic"], ids=["fixed", "dynamic"]
@@ -186,7 +172,7 @@ def test_loss_scale_reaches_the_gradients_and_is_removed_from_them(mode, loss_sc
     opt = Ours(tf.compat.v1.train.GradientDescentOptimizer(1.0), loss_scale)
 
     def loss():
-      return 2.0 * _probe(record)(3.0 * w)
+      return 2.0 * helpers.gradient_probe(record)(3.0 * w)
 
     def grads():
       return opt.compute_gradients(loss if mode != "graph" else loss(), var_list=[w])

@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+import helpers
 import tf_lossscale
 from tf_lossscale._src import fast_paths, framework_internals
 from tf_lossscale.compat.v1 import mixed_precision as v1_mixed_precision
@@ -331,14 +332,7 @@ def test_compat_v1_optimizer_trains_eagerly_and_in_functions_with_the_rewrite_on
   opt = enable(tf.compat.v1.train.GradientDescentOptimizer(0.5), 1024)
   assert _rewrite_state() == (True, True)
   seen = tf.Variable(0.0)  # d(the loss the tape differentiates) / d(the loss)
-
-  @tf.custom_gradient
-  def record(loss):
-    def grad(upstream):
-      with tf.control_dependencies([seen.assign(upstream, read_value=False)]):
-        return tf.identity(upstream)
-
-    return tf.identity(loss), grad
+  record = helpers.gradient_probe(seen)
 
   @mode
   def step():
