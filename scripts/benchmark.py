@@ -329,9 +329,9 @@ def _make_optimizer(family, impl, optimizer, lr):
 # which the apply waits for. No scale state, no conditional.
 #
 # "gated" (floor+cond) adds the one thing an exact skip needs on top: the apply
-# inside a conditional on that check (the cheapest we know: tf_lossscale's
-# `cond`, an If kept as a function call on one CPU, one Switch in a TF1 graph,
-# a Python `if` eagerly). Eagerly both run op by op, the simplest way.
+# inside a conditional on that check (tf_lossscale's `cond`, as ours gates
+# its apply: an If lowered as any `tf.cond`'s in a function, one Switch in a
+# TF1 graph, a Python `if` eagerly). Eagerly both run op by op, the simplest way.
 _FLOOR_SCALE = 2.0**15
 
 

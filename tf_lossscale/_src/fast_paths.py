@@ -11,11 +11,10 @@ tf_lossscale turns every one of them off (docs/benchmarks.md measures each).
   the element-wise check runs by itself, with no sums and no If; under XLA
   it reads small gradients concatenated, and on a CPU large ones by
   products with zeros, which XLA runs as library calls.
-* In a function graph the apply's If op is kept as a call of its branch
-  functions where that is safe and pays off (`cond`: not with few large
-  gradients); in a TF1 graph one Switch gates the apply (`switch_cond`);
-  under XLA on a GPU each branch assigns the state too, so that XLA can
-  turn the conditional into selects (`_state_in_branches`).
+* In a TF1 graph one Switch gates the apply (`switch_cond`); in a function
+  graph the If ops are lowered, as any `tf.cond`'s (`cond`); under XLA on a
+  GPU each branch assigns the state too, so that XLA can turn the
+  conditional into selects (`_state_in_branches`).
   On a CPU the check has an If of its own: one If for both would trace the apply
   twice (it must run after the quick check and after the exact one), which
   made the first step slower and, called as one traced function, every step
@@ -50,9 +49,6 @@ _STACKED_MAX_ELEMENTS = 1 << 20
 # Under XLA on a CPU, gradients with at most this many columns (last axis) are
 # checked by products with a matrix of zeros that many rows tall.
 _PRODUCT_MAX_COLUMNS = 1 << 14
-# In a function, an If whose float inputs average more elements than this is
-# lowered, not kept as a call of its branches (`_run_branches_as_functions`).
-_CALL_MAX_MEAN_ELEMENTS = 1 << 16
 
 
 def _in_xla(graph=None):
@@ -324,63 +320,6 @@ def _cpu_only():
   return all(d.device_type == "CPU" for d in tf.config.list_logical_devices())
 
 
-def _outer_of():
-  """`outer(tensor)`: the tensor a function's capture stands for, None for a
-  function argument; one map per graph (rebuilt per tensor, it was quadratic
-  in the number of variables)."""
-  maps = {}
-
-  def outer(tensor):
-    graph = tensor.graph
-    if id(graph) not in maps:
-      captures = getattr(graph, "captures", ())
-      maps[id(graph)] = graph, {id(internal): external for external, internal in captures}
-    return maps[id(graph)][1].get(id(tensor))
-
-  return outer
-
-
-def _resource_device(tensor, outer):
-  """The device of a resource tensor, following captures out of functions
-  (`outer`, from `_outer_of`).
-
-  Returns "" for a handle no device is assigned to (the placer then puts it
-  with the others) and None when the device is only known at run time.
-  """
-  while not tensor.device:
-    if tensor.op.type in ("VarHandleOp", "VariableV2"):
-      return ""
-    tensor = outer(tensor)
-    if tensor is None:
-      return None  # A function argument.
-  return tf.DeviceSpec.from_string(tensor.device).to_string()
-
-
-def _run_branches_as_functions(if_op):
-  """Keeps `if_op` a call of its branch functions instead of lowering it.
-
-  Lowered, an If becomes a Switch per input and a Merge per output, each
-  scheduled on every step: with hundreds of gradients and variables that was
-  most of a tf.function step's loss-scaling overhead. With few large
-  gradients it is the other way round (a Keras 3 momentum step over 1M
-  parameters in 6 variables took 5% longer as a call), so an If whose float
-  inputs average over `_CALL_MAX_MEAN_ELEMENTS` elements stays lowered. The If
-  kernel runs its branches on one device, so this is done only on a CPU-only
-  machine, outside any strategy, when every resource the branches use lives
-  on one device.
-  """
-  if tf.distribute.has_strategy() or not _cpu_only():
-    return
-  sizes = [t.shape.num_elements() or 0 for t in if_op.inputs[1:] if t.dtype.is_floating]
-  if sizes and sum(sizes) > _CALL_MAX_MEAN_ELEMENTS * len(sizes):
-    return
-  outer = _outer_of()
-  devices = {_resource_device(t, outer) for t in if_op.inputs[1:] if t.dtype == tf.resource}
-  devices.discard("")
-  if None not in devices and len(devices) <= 1:
-    framework_internals.keep_as_function_call(if_op)
-
-
 def _plain_graph():
   """Whether ops go into a TF1 graph (not a function's) outside strategies,
   XLA and TF1 control-flow contexts (False when that cannot be known)."""
@@ -453,23 +392,20 @@ def switch_cond(pred, true_fn, false_fn):
 
 @tf.autograph.experimental.do_not_convert
 def cond(pred, true_fn, false_fn):
-  """`algorithm.cond`, faster: in a TF1 graph one Switch gates the branches
-  (`switch_cond`); in a function graph the If op is kept as a call of its
-  branch functions where that is safe (`_run_branches_as_functions`), so the
-  branch not taken costs nothing."""
+  """`algorithm.cond`, faster in a TF1 graph: one Switch gates the branches
+  (`switch_cond`). In a function the If is lowered, as any `tf.cond`'s, so
+  that Grappler rewrites the step as it does a plain one. Kept as a call of
+  its branch functions, an If stepped faster with hundreds of variables, but
+  Grappler's arithmetic optimizer then rewrote the step otherwise: RMSprop,
+  Adadelta, Ftrl and Adafactor updates came out 1-2 ulps apart from a plain
+  step's (with that optimizer off, the two agreed), and on TensorFlow 2.16
+  even with only the check's If kept so."""
   static_pred = tf.get_static_value(pred)
   if static_pred is not None:
     return true_fn() if static_pred else false_fn()
   if _plain_graph():
     return switch_cond(pred, true_fn, false_fn)
-  graph = tf.compat.v1.get_default_graph()
-  known = len(graph.get_operations())
-  result = tf.cond(pred, true_fn, false_fn)
-  for op in graph.get_operations()[known:]:
-    lowering = op.node_def.attr.get("_lower_using_switch_merge")
-    if op.type in ("If", "StatelessIf") and lowering is not None and lowering.b:
-      _run_branches_as_functions(op)
-  return result
+  return tf.cond(pred, true_fn, false_fn)
 
 
 def _settings_as_tensors(settings):

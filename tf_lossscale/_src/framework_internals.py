@@ -23,10 +23,6 @@ import tensorflow as tf
 # Imported here, not where used, so that each use below is one look-up; a
 # module that is gone only turns its speed-up off.
 try:
-  from tensorflow.core.framework import attr_value_pb2
-except ImportError:
-  attr_value_pb2 = None
-try:
   from tensorflow.python.ops import control_flow_util
 except ImportError:
   control_flow_util = None
@@ -106,23 +102,6 @@ def in_v1_control_flow(graph):
   if get_context is None:
     return None
   return get_context() is not None
-
-
-def keep_as_function_call(if_op):
-  """Marks a graph's If op to run as a call of its branch functions instead
-  of being lowered to a Switch per input and a Merge per output.
-
-  Relies on the If op's `_lower_using_switch_merge` attribute, read by
-  TensorFlow's lowering pass (TF >= 2.0). Missing: returns False and the If
-  is lowered, as any `tf.cond`.
-  """
-  set_attr = getattr(if_op, "_set_attr", None)
-  if set_attr is None or attr_value_pb2 is None:
-    return False
-  if "_lower_using_switch_merge" not in if_op.node_def.attr:
-    return False
-  set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
-  return True
 
 
 def call_concrete_function(concrete, tensors):
