@@ -16,6 +16,7 @@ out 1-2 ulps apart from it.
 """
 
 import contextlib
+import functools
 
 import keras
 import numpy as np
@@ -40,7 +41,7 @@ def _keras3_cases():
   }
   names = ["Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "Ftrl", "Lamb"]
   names += ["Lion", "Muon", "Nadam", "RMSprop", "SGD"]
-  cases = [(n, n, options.get(n, {})) for n in names if hasattr(o, n)]
+  cases = [(n, n, options.get(n, {})) for n in names]
   schedules = o.schedules
   return cases + [
     ("Adam-ema", "Adam", {"use_ema": True, "ema_overwrite_frequency": 3}),
@@ -93,6 +94,24 @@ MODULES = {
 }
 
 
+@functools.cache
+def _muon_steps_on_tensorflow():
+  """Whether this Keras's Muon steps at all on the TensorFlow backend (before
+  Keras 3.13 it read a `path` its TensorFlow variables lack: upstream)."""
+  try:
+    keras.optimizers.Muon().apply_gradients([(tf.ones((2, 2)), keras.Variable(tf.ones((2, 2))))])
+  except AttributeError:
+    return False
+  return True
+
+
+def _need_working(name):
+  if not hasattr(MODULES["keras3"], name):
+    pytest.skip(f"this Keras has no {name}")
+  if name == "Muon" and not _muon_steps_on_tensorflow():
+    pytest.skip("this Keras's Muon cannot step on the TensorFlow backend (upstream)")
+
+
 def _gradients():
   rng = np.random.default_rng(0)
   steps = [[rng.standard_normal(s).astype(np.float32) for s in SHAPES] for _ in range(6)]
@@ -119,6 +138,8 @@ def _assert_same(ours, plain):
 @pytest.mark.parametrize("mode", ["eager", "function", "xla"])
 @pytest.mark.parametrize(("family", "name", "options"), CASES)
 def test_steps_as_the_plain_optimizer(family, name, options, mode):
+  if family == "keras3":
+    _need_working(name)
   cls = getattr(MODULES[family], name)
   if family == "keras3":
     # Keras 3 variables: Muon reads their paths, Adafactor their names.
@@ -249,9 +270,9 @@ def _fit_weights(framework, optimizer, jit_compile):
 def test_fit_steps_as_the_plain_optimizer(family, name, jit_compile):
   # No step overflows at the default scale, 2**15: each scaled gradient is
   # exactly the plain one times the scale, and its unscale exact.
-  cls = getattr(MODULES[family], name, None)
-  if cls is None:
-    pytest.skip(f"this Keras has no {name}")
+  if family == "keras3":
+    _need_working(name)
+  cls = getattr(MODULES[family], name)
   framework = keras if family == "keras3" else tf_keras
   ours = _fit_weights(framework, LossScaleOptimizer(cls()), jit_compile)
   _assert_same(ours, _fit_weights(framework, cls(), jit_compile))
