@@ -7,7 +7,7 @@ ours and fed the same unscaled gradients as a plain instance: on finite steps
 every variable and every optimizer variable comes out bit for bit as the plain
 one's; a step with an Inf moves nothing but the step counter, as TF 2.4's
 wrapper (the plain instance only counts it). Eagerly, in a `tf.function`,
-under XLA and, for compat.v1, in a TF1 graph.
+under XLA and, for compat.v1 and tf_keras's legacy optimizers, in a TF1 graph.
 
 A speed-up kept the apply's If a call of its branch functions in a
 `tf.function` on a CPU: Grappler's arithmetic optimizer then did not rewrite
@@ -241,6 +241,40 @@ def test_compat_v1_steps_as_the_plain_optimizer(cls, options, mode):
       plain_state = [v.numpy() for v in _v1_state(plain, plain_vars)]
   assert len(ours_state) > len(ours_vars)  # Each of these has slots.
   _assert_same(ours_state, plain_state)
+
+
+@pytest.mark.parametrize(
+  ("name", "options"),
+  [pytest.param(n, o, id=n) for _, n, o in _tf_keras_cases(tf_keras.optimizers.legacy)],
+)
+def test_tf_keras_legacy_steps_as_the_plain_optimizer_in_a_tf1_graph(name, options):
+  # There one Switch gates the apply: the update's ops wait on its pivot.
+  cls = getattr(tf_keras.optimizers.legacy, name)
+  with tf.Graph().as_default():
+    ours_vars = [tf.Variable(x) for x in _initial_values()]
+    plain_vars = [tf.Variable(x) for x in _initial_values()]
+    ours = LossScaleOptimizer(cls(**options), initial_scale=16.0, dynamic_growth_steps=2)
+    plain = cls(**options)
+    feeds = [tf.compat.v1.placeholder(tf.float32, s) for s in SHAPES]
+    ours_op = ours.apply_gradients(list(zip(feeds, ours_vars, strict=True)))
+    plain_op = plain.apply_gradients(list(zip(feeds, plain_vars, strict=True)))
+    count_the_skip = plain.iterations.assign_add(1)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for i, grads in enumerate(_gradients()):
+        feed = dict(zip(feeds, grads, strict=True))
+        session.run(ours_op, feed)
+        session.run(count_the_skip if i == SKIPPED else plain_op, feed)
+      ours_state, plain_state, scale = session.run(
+        [
+          [*ours_vars, *ours.inner_optimizer.variables()],
+          [*plain_vars, *plain.variables()],
+          ours.loss_scale,
+        ]
+      )
+  assert len(ours_state) > len(ours_vars) + 1  # Slots, not just iterations.
+  _assert_same(ours_state, plain_state)
+  assert scale == 32.0
 
 
 def _fit_weights(framework, optimizer, jit_compile):
