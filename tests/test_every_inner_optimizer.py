@@ -210,8 +210,9 @@ def _steps_as_the_plain_optimizer(family, name, options, mode, to_tensors, max_u
   assert float(ours.loss_scale) == 32.0
 
 
+@pytest.mark.parametrize("to_tensors", [_dense, _sparse], ids=["dense", "sparse"])
 @pytest.mark.parametrize("name", ["RMSprop", "Adadelta", "Ftrl"])
-def test_steps_as_the_plain_optimizer_under_mirrored_strategy(name):
+def test_steps_as_the_plain_optimizer_under_mirrored_strategy(name, to_tensors):
   cls = getattr(keras.optimizers, name)
   mirrored_strategy = helpers.make_strategy("mirrored")
   helpers.need_plain_keras3_all_reduce(mirrored_strategy)
@@ -227,14 +228,19 @@ def test_steps_as_the_plain_optimizer_under_mirrored_strategy(name):
   for i, grads in enumerate(_gradients()):
     # Made in each replica (Keras 3 itself cannot all-reduce a function's
     # argument there): each replica's gradient is the same, their sum twice it.
-    def replica_step(optimizer, variables, grads=grads):
-      optimizer.apply_gradients(zip([tf.constant(g) for g in grads], variables, strict=True))
+    def replica_step(optimizer, variables, grads=grads, skipped=i == SKIPPED):
+      optimizer.apply_gradients(zip(to_tensors(grads, skipped), variables, strict=True))
 
-    tf.function(lambda: mirrored_strategy.run(replica_step, args=(ours, ours_vars)))()
     if i == SKIPPED:
       plain.iterations.assign_add(1)
     else:
-      tf.function(lambda: mirrored_strategy.run(replica_step, args=(plain, plain_vars)))()
+      try:
+        tf.function(lambda: mirrored_strategy.run(replica_step, args=(plain, plain_vars)))()
+      except ValueError as e:  # Keras < 3.10: "Cannot convert a partially known TensorShape".
+        if i or to_tensors is _dense or "partially known" not in str(e):
+          raise
+        pytest.skip(f"this Keras's {name} cannot apply sparse gradients here (upstream)")
+    tf.function(lambda: mirrored_strategy.run(replica_step, args=(ours, ours_vars)))()
   _assert_same([v.numpy() for v in ours_vars], [v.numpy() for v in plain_vars])
   _assert_same(_values(ours.inner_optimizer), _values(plain))
 
