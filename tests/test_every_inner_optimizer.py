@@ -7,7 +7,9 @@ ours and fed the same unscaled gradients as a plain instance: on finite steps
 every variable and every optimizer variable comes out bit for bit as the plain
 one's; a step with an Inf moves nothing but the step counter, as TF 2.4's
 wrapper (the plain instance only counts it). Eagerly, in a `tf.function`,
-under XLA and, for compat.v1 and tf_keras's legacy optimizers, in a TF1 graph.
+under XLA, under MirroredStrategy, in `fit` and, for compat.v1 and tf_keras's
+legacy optimizers, in a TF1 graph; with dense gradients and with sparse ones
+(`tf.IndexedSlices`, as an embedding's).
 
 A speed-up kept the apply's If a call of its branch functions in a
 `tf.function` on a CPU: Grappler's arithmetic optimizer then did not rewrite
