@@ -253,6 +253,24 @@ def _v1_state(optimizer, variables):
   return [*variables, *slots]
 
 
+def _steps_in_a_session(ours, plain, ours_vars, plain_vars, fetches, plain_skip=None):
+  """The steps of `_gradients()` in the default (TF1) graph, fed to both
+  optimizers, but the skipped one to `ours` alone (`plain` runs the op of
+  `plain_skip` then, if any); then what `fetches()` returns (called once the
+  optimizers have made their slots), evaluated."""
+  feeds = [tf.compat.v1.placeholder(tf.float32, s) for s in SHAPES]
+  ours_op = ours.apply_gradients(list(zip(feeds, ours_vars, strict=True)))
+  plain_op = plain.apply_gradients(list(zip(feeds, plain_vars, strict=True)))
+  skip_op = plain_skip() if plain_skip else tf.no_op()
+  with tf.compat.v1.Session() as session:
+    session.run(tf.compat.v1.global_variables_initializer())
+    for i, grads in enumerate(_gradients()):
+      feed = dict(zip(feeds, grads, strict=True))
+      session.run(ours_op, feed)
+      session.run(skip_op if i == SKIPPED else plain_op, feed)
+    return session.run(fetches())
+
+
 @pytest.mark.parametrize("mode", ["graph", "function", "xla"])
 @pytest.mark.parametrize(("cls", "options"), V1_CASES)
 def test_compat_v1_steps_as_the_plain_optimizer(cls, options, mode):
@@ -263,18 +281,13 @@ def test_compat_v1_steps_as_the_plain_optimizer(cls, options, mode):
     ours_inner, plain = cls(**options), cls(**options)
     ours = MixedPrecisionLossScaleOptimizer(ours_inner, "dynamic")
     if graph:
-      feeds = [tf.compat.v1.placeholder(tf.float32, s) for s in SHAPES]
-      ours_op = ours.apply_gradients(list(zip(feeds, ours_vars, strict=True)))
-      plain_op = plain.apply_gradients(list(zip(feeds, plain_vars, strict=True)))
-      with tf.compat.v1.Session(graph=graph) as session:
-        session.run(tf.compat.v1.global_variables_initializer())
-        for i, grads in enumerate(_gradients()):
-          session.run(ours_op, dict(zip(feeds, grads, strict=True)))
-          if i != SKIPPED:
-            session.run(plain_op, dict(zip(feeds, grads, strict=True)))
-        ours_state, plain_state = session.run(
-          [_v1_state(ours_inner, ours_vars), _v1_state(plain, plain_vars)]
-        )
+      ours_state, plain_state = _steps_in_a_session(
+        ours,
+        plain,
+        ours_vars,
+        plain_vars,
+        fetches=lambda: [_v1_state(ours_inner, ours_vars), _v1_state(plain, plain_vars)],
+      )
     else:
 
       @tf.function(jit_compile=mode == "xla")
@@ -303,23 +316,18 @@ def test_tf_keras_legacy_steps_as_the_plain_optimizer_in_a_tf1_graph(name, optio
     plain_vars = [tf.Variable(x) for x in _initial_values()]
     ours = LossScaleOptimizer(cls(**options), initial_scale=16.0, dynamic_growth_steps=2)
     plain = cls(**options)
-    feeds = [tf.compat.v1.placeholder(tf.float32, s) for s in SHAPES]
-    ours_op = ours.apply_gradients(list(zip(feeds, ours_vars, strict=True)))
-    plain_op = plain.apply_gradients(list(zip(feeds, plain_vars, strict=True)))
-    count_the_skip = plain.iterations.assign_add(1)
-    with tf.compat.v1.Session() as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      for i, grads in enumerate(_gradients()):
-        feed = dict(zip(feeds, grads, strict=True))
-        session.run(ours_op, feed)
-        session.run(count_the_skip if i == SKIPPED else plain_op, feed)
-      ours_state, plain_state, scale = session.run(
-        [
-          [*ours_vars, *ours.inner_optimizer.variables()],
-          [*plain_vars, *plain.variables()],
-          ours.loss_scale,
-        ]
-      )
+    ours_state, plain_state, scale = _steps_in_a_session(
+      ours,
+      plain,
+      ours_vars,
+      plain_vars,
+      fetches=lambda: [
+        [*ours_vars, *ours.inner_optimizer.variables()],
+        [*plain_vars, *plain.variables()],
+        ours.loss_scale,
+      ],
+      plain_skip=lambda: plain.iterations.assign_add(1),
+    )
   assert len(ours_state) > len(ours_vars) + 1  # Slots, not just iterations.
   _assert_same(ours_state, plain_state)
   assert scale == 32.0
