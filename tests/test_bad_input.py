@@ -33,6 +33,7 @@ from tf_lossscale.keras import mixed_precision
 
 NAN = float("nan")
 INF = float("inf")
+HUGE = 1e39  # A finite Python float, Inf as a float32 (the scale's dtype).
 LSO = mixed_precision.LossScaleOptimizer
 ExperimentalLSO = mixed_precision.experimental.LossScaleOptimizer
 MPLSO = tf_lossscale.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
@@ -41,6 +42,8 @@ STRATEGIES = ["default", "mirrored"]
 
 
 def _positive(name, value):
+  if value == HUGE:
+    return f"{name} must be at most the float32 maximum, 3.4028234663852886e+38, got 1e+39"
   return f"{name} must be a finite number > 0, got {value!r}"
 
 
@@ -53,14 +56,16 @@ def _exactly(message):
 KERAS_ROWS = {
   "dynamic_initial_scale_nan": (dict(initial_scale=NAN), _positive("initial_scale", NAN)),
   "dynamic_initial_scale_inf": (dict(initial_scale=INF), _positive("initial_scale", INF)),
+  "dynamic_initial_scale_huge": (dict(initial_scale=HUGE), _positive("initial_scale", HUGE)),
   "dynamic_initial_scale_zero": (dict(initial_scale=0), _positive("initial_scale", 0)),
   "dynamic_initial_scale_negative": (dict(initial_scale=-8.0), _positive("initial_scale", -8.0)),
   "fixed_scale_zero": (dict(dynamic=False, initial_scale=0), _positive("initial_scale", 0)),
   "fixed_scale_nan": (dict(dynamic=False, initial_scale=NAN), _positive("initial_scale", NAN)),
   "fixed_scale_inf": (dict(dynamic=False, initial_scale=INF), _positive("initial_scale", INF)),
+  "fixed_scale_huge": (dict(dynamic=False, initial_scale=HUGE), _positive("initial_scale", HUGE)),
   "fixed_scale_negative": (dict(dynamic=False, initial_scale=-1), _positive("initial_scale", -1)),
 }
-EXPERIMENTAL_ROWS = {f"loss_scale_{v!r}": v for v in (0, NAN, INF, -2.0)}
+EXPERIMENTAL_ROWS = {f"loss_scale_{v!r}": v for v in (0, NAN, INF, -2.0, HUGE)}
 
 
 @pytest.mark.parametrize("strategy_name", STRATEGIES)
@@ -88,8 +93,14 @@ def test_experimental_constructor_rejects(row, family, strategy_name):
 
 
 def _multiplier_message(value):
+  if value == HUGE:
+    return "multiplier must be at most the float32 maximum, 3.4028234663852886e+38, got 1e+39"
   return f"multiplier must be a finite number > 1, got {value!r}"
 
+
+_HUGE_FIXED = (
+  "loss_scale_value must be at most the float32 maximum, 3.4028234663852886e+38. Got: 1e+39"
+)
 
 # (constructor of a legacy module's class, its error message)
 LEGACY_ROWS = {
@@ -98,23 +109,25 @@ LEGACY_ROWS = {
       lambda m, v=v: m.DynamicLossScale(initial_loss_scale=v),
       _positive("initial_loss_scale", v),
     )
-    for v in (NAN, INF, 0, -1.0)
+    for v in (NAN, INF, 0, -1.0, HUGE)
   },
   **{
     f"dynamic_multiplier_{v!r}": (
       lambda m, v=v: m.DynamicLossScale(multiplier=v),
       _multiplier_message(v),
     )
-    for v in (1, 0.5, 0, -2.0, NAN, INF)
+    for v in (1, 0.5, 0, -2.0, NAN, INF, HUGE)
   },
   # The `< 1` check of TF 2.4 let NaN through; its message is kept.
   "fixed_nan": (lambda m: m.FixedLossScale(NAN), "loss_scale_value must be at least 1. Got: nan"),
   "fixed_inf": (lambda m: m.FixedLossScale(INF), "loss_scale_value must be finite. Got: inf"),
+  "fixed_huge": (lambda m: m.FixedLossScale(HUGE), _HUGE_FIXED),
 }
 # compat.v1 takes anything `loss_scale.get` takes: a number is a FixedLossScale.
 COMPAT_V1_ROWS = {
   "nan": (NAN, "loss_scale_value must be at least 1. Got: nan"),
   "inf": (INF, "loss_scale_value must be finite. Got: inf"),
+  "huge": (HUGE, _HUGE_FIXED),
   "below_one_as_tf": (0.5, "loss_scale_value must be at least 1. Got: 0.5"),
 }
 
@@ -163,6 +176,20 @@ def test_tf_classes_accept_what_we_reject(row):
     tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.legacy.SGD(), **kwargs)
   else:
     LEGACY_ROWS[row][0](tf_loss_scale)
+
+
+@pytest.mark.parametrize("name", ["FixedLossScale", "DynamicLossScale"])
+def test_tensorflow_own_loss_scales_are_named_as_such(name):
+  """Code migrated in part: TF 2.4's message, and what to pass instead."""
+  tf_object = getattr(tf_loss_scale, name)(8)
+  hint = re.escape(
+    f". It is TensorFlow's own {name}, which tf_lossscale does not take: use "
+    f"tf_lossscale.mixed_precision.experimental.{name}, with the same arguments"
+  )
+  with pytest.raises(ValueError, match=f"^Invalid value passed to loss_scale.*{hint}"):
+    ExperimentalLSO(keras.optimizers.SGD(), tf_object)
+  with pytest.raises(ValueError, match=f"^Could not interpret loss scale identifier.*{hint}"):
+    MPLSO(tf.compat.v1.train.GradientDescentOptimizer(0.1), tf_object)
 
 
 # --- Constructor inputs that must keep working --------------------------------

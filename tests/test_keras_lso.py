@@ -297,6 +297,53 @@ def test_get_unscaled_gradients_keeps_none_and_indexed_slices(family):
   np.testing.assert_array_equal(unscaled_sparse.indices.numpy(), [1])
 
 
+def test_get_unscaled_gradients_takes_any_iterable(family):
+  """As TF 2.4's list comprehension: a generator too."""
+  opt = mixed_precision.LossScaleOptimizer(make_inner(family), dynamic=False, initial_scale=4)
+  dense, none = opt.get_unscaled_gradients(g for g in [tf.constant(8.0), None])
+  assert float(dense) == 2.0 and none is None
+
+
+def _variables_of(optimizer):
+  variables = optimizer.variables
+  return list(variables() if callable(variables) else variables)
+
+
+def _none_then_both(family, strategy, mode, wrap):
+  """A first step where `a` has no gradient, then one where it has: the inner
+  optimizer's variable count after each, and `a` and `b` on every replica."""
+  with strategy.scope():
+    a, b = tf.Variable([1.0, 2.0]), tf.Variable(3.0)
+    opt = make_inner(family, "Adam", learning_rate=0.5)
+    opt = mixed_precision.LossScaleOptimizer(opt) if wrap else opt
+  inner = opt.inner_optimizer if wrap else opt
+
+  def step(grad_a, grad_b):  # A new function each: OptimizerV2 makes slots in the second.
+    def replica_fn():  # Gradients made in the replica, as a tape's are.
+      grads = [None if g is None else tf.constant(g) for g in (grad_a, grad_b)]
+      opt.apply_gradients(zip(grads, [a, b], strict=True))
+
+    mode(lambda: strategy.run(replica_fn))()
+
+  step(None, 2.0)
+  built = len(_variables_of(inner))
+  step([1.0, -1.0], 1.0)
+  return built, len(_variables_of(inner)), locals_of(strategy, a), locals_of(strategy, b)
+
+
+def test_a_variable_without_a_gradient_on_the_first_step_is_updated_later(family, strategy, mode):
+  """Built as the plain optimizer is: Keras 3 and new tf_keras for every
+  variable passed, OptimizerV2 for those with a gradient; the same numbers."""
+  # The plain optimizer eagerly: plain Keras 3 fails this under MirroredStrategy in a
+  # tf.function ("You must feed a value for placeholder tensor"); ours does not.
+  plain = _none_then_both(family, strategy, lambda fn: fn, wrap=False)
+  ours = _none_then_both(family, strategy, mode, wrap=True)
+  assert ours[:2] == plain[:2]
+  for ours_replicas, plain_replicas in zip(ours[2:], plain[2:], strict=True):
+    np.testing.assert_array_equal(ours_replicas, plain_replicas)
+  assert not np.array_equal(plain[2][0], [1.0, 2.0])  # The second step moved `a`.
+
+
 def test_get_scaled_loss_callable(family):
   opt = mixed_precision.LossScaleOptimizer(make_inner(family), dynamic=False, initial_scale=4)
   scaled = opt.get_scaled_loss(lambda: tf.constant(3.0))
@@ -432,6 +479,37 @@ def test_tf_keras_graph_mode_minimize_and_get_gradients():
     assert [r[1:] for r in results] == [[8.0, 1, 1], [4.0, 2, 0], [4.0, 3, 1], [8.0, 4, 0]]
     np.testing.assert_array_equal(results[3][0], [-11.75, -10.75])
     np.testing.assert_array_equal(sess.run(grads)[0], [2.0, 2.0])
+
+
+def _tf_keras_fit_in_a_graph(lso_class):
+  """tf_keras's TF1 `fit` (a graph, its own session): 8 steps, 2 of them
+  overflowing; the weights, scale, iterations and counter after it."""
+  with tf.Graph().as_default():
+    model = tf_keras.Sequential(
+      [tf_keras.Input((2,)), tf_keras.layers.Dense(1, kernel_initializer="ones")]
+    )
+    opt = lso_class(
+      make_inner("tf_keras", learning_rate=0.01, momentum=0.5),
+      initial_scale=8,
+      dynamic_growth_steps=2,
+    )
+    model.compile(optimizer=opt, loss="mse")
+    x = np.ones((8, 2), np.float32)
+    x[4:6] = 1e30  # The third batch's gradients overflow, in both epochs.
+    model.fit(x, np.ones((8, 1)), batch_size=2, epochs=2, verbose=0, shuffle=False)
+    get = tf_keras.backend.get_value
+    return model.get_weights(), [
+      get(v) for v in (opt.loss_scale, opt.iterations, opt.dynamic_counter)
+    ]
+
+
+def test_tf_keras_fit_in_a_graph_initializes_the_scale_and_matches_tf_keras():
+  """As TF 2.4's: the scale's variables are registered with tf_keras's session."""
+  weights, state = _tf_keras_fit_in_a_graph(mixed_precision.LossScaleOptimizer)
+  peer_weights, peer_state = _tf_keras_fit_in_a_graph(tf_keras.mixed_precision.LossScaleOptimizer)
+  assert state == peer_state == [8.0, 8, 1]  # 16 after 2 steps, 8 at the skip; twice.
+  for ours, peer in zip(weights, peer_weights, strict=True):
+    np.testing.assert_array_equal(ours, peer)
 
 
 def test_without_aggregation_applied_once_and_any_replica_nan_skips(family):

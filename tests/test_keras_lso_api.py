@@ -1,6 +1,7 @@
 """Keras LossScaleOptimizer: constructor, attributes, delegation, config, experimental, checkpoints."""
 
 import inspect
+import pickle
 import re
 
 import keras
@@ -341,6 +342,75 @@ def test_tf_keras_serialize_deserialize():
   )
   assert isinstance(clone, LSO) and clone.initial_scale == 8.0
   assert float(np.asarray(clone.learning_rate)) == 0.5
+
+
+def _registered_subclass(saving):
+  """A user's subclass with a setting of its own, registered with `saving`."""
+
+  class ClippedLSO(LSO):
+    def __init__(self, inner_optimizer, clip_to=1.0, **kwargs):
+      super().__init__(inner_optimizer, **kwargs)
+      self.clip_to = clip_to
+
+    def get_config(self):
+      return {**super().get_config(), "clip_to": self.clip_to}
+
+  # A name of its own per framework: both register `ClippedLSO` otherwise.
+  return saving.register_keras_serializable("user_" + saving.__name__.split(".")[0])(ClippedLSO)
+
+
+_SERIALIZATION = {
+  "keras3": (keras.saving, keras.optimizers.serialize, keras.optimizers.deserialize),
+  "tf_keras": (
+    tf_keras.saving,
+    tf_keras.optimizers.serialize,
+    lambda config: tf_keras.optimizers.deserialize(config, use_legacy_optimizer=True),
+  ),
+  "tf_keras_new": (tf_keras.saving, tf_keras.optimizers.serialize, tf_keras.optimizers.deserialize),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_registered_subclass_serializes_as_itself(family):
+  """As a registered subclass of any Keras class: its own name, its own class back
+  (an unregistered one, Horovod's, still saves as ours: test_horovod_wrapping)."""
+  saving, serialize, deserialize = _SERIALIZATION[family]
+  cls = _registered_subclass(saving)
+  config = serialize(cls(make_inner(family, learning_rate=0.5), clip_to=3.0, initial_scale=8))
+  assert config["registered_name"] == saving.get_registered_name(cls)
+  clone = deserialize(config)
+  assert isinstance(clone, cls) and clone.clip_to == 3.0 and clone.initial_scale == 8.0
+  assert isinstance(clone.inner_optimizer, type(make_inner(family)))
+
+
+def test_a_registered_subclass_survives_a_keras_model_save(tmp_path):
+  cls = _registered_subclass(keras.saving)
+  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  model.compile(optimizer=cls(keras.optimizers.SGD(0.5), clip_to=3.0), loss="mse")
+  model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0)
+  model.save(tmp_path / "model.keras")
+  loaded = keras.saving.load_model(tmp_path / "model.keras")
+  assert isinstance(loaded.optimizer, cls) and loaded.optimizer.clip_to == 3.0
+
+
+@pytest.mark.skipif(
+  not hasattr(keras.optimizers.SGD, "_unpickle_model"), reason="Keras < 3.4 pickles no optimizer"
+)
+def test_keras3_pickle_as_a_plain_keras3_optimizer():
+  """As Keras 3 pickles an optimizer (for distributed-computing frameworks): its
+  config, and its own variables (the scale state) where the copy has them; the
+  inner optimizer, not built in the copy, starts afresh, as a plain one's does."""
+  opt = LSO(keras.optimizers.SGD(0.5, momentum=0.9), initial_scale=8, dynamic_growth_steps=3)
+  var = tf.Variable([1.0, 2.0])
+  for grad in ([1.0, 1.0], [float("nan"), 1.0], [2.0, -1.0]):  # applied, skipped, applied
+    opt.apply_gradients([(tf.constant(grad), var)])
+  clone = pickle.loads(pickle.dumps(opt))
+  assert type(clone) is type(opt) and clone.get_config() == opt.get_config()
+  assert (float(clone.loss_scale), count(clone.dynamic_counter)) == (4.0, 1)
+  plain = pickle.loads(pickle.dumps(opt.inner_optimizer))
+  assert count(clone.iterations) == count(plain.iterations) == 0
+  clone.apply_gradients([(tf.constant([1.0, 3.0]), var)])
+  assert (float(clone.loss_scale), count(clone.dynamic_counter)) == (4.0, 2)
 
 
 # --- Checkpoints -------------------------------------------------------------

@@ -17,6 +17,8 @@ on, since when, and what happens when it is gone:
 tf_keras): not covered by its API guarantees, so its uses are here too.
 """
 
+import sys
+
 import keras
 import tensorflow as tf
 
@@ -313,6 +315,20 @@ def _all_reduce_sum(grads_and_vars):
   return grads_and_vars
 
 
+def keras3_reduce_as(reduced, cls):
+  """Keras 3's `__reduce__` of an object with its loader bound to `cls`.
+
+  Keras 3.4 and later pickle an object as `(type(obj)._unpickle_model,
+  (buffer,))`: a class method that loads whatever the buffer holds, the class
+  it is bound to aside; pickle finds that class by its name. Anything else
+  (Keras 3.0-3.3 have no such `__reduce__`): `reduced` unchanged.
+  """
+  loader = reduced[0] if isinstance(reduced, tuple) else None
+  if getattr(loader, "__name__", None) != "_unpickle_model" or not hasattr(cls, "_unpickle_model"):
+    return reduced
+  return (cls._unpickle_model, *reduced[1:])
+
+
 def keras3_step_counter(inner):
   """The variable counting a Keras 3 optimizer's steps.
 
@@ -361,6 +377,24 @@ def keras3_knows_variable(inner, variable):
 
 
 # --- tf_keras (optional) ---------------------------------------------------------
+
+
+def tf_keras_track_variable(variable):
+  """Registers a variable made in a TF1 graph with tf_keras's session, which
+  initializes the variables registered so before `Model.fit` runs a step
+  (TF 2.4's Keras registered its loss scale's too; a variable left out is
+  uninitialized there).
+
+  Relies on `tf_keras.__internal__.backend.track_variable` (tf_keras 2.x to
+  2.21), looked up only where tf_keras is imported already. Missing: nothing
+  is registered, and a graph-mode tf_keras `fit` fails loudly on the first
+  batch (uninitialized variable), as before.
+  """
+  tf_keras = sys.modules.get("tf_keras")
+  backend = getattr(getattr(tf_keras, "__internal__", None), "backend", None)
+  track = getattr(backend, "track_variable", None)
+  if track is not None and not tf.executing_eagerly():
+    track(variable)
 
 
 def tf_keras_knows_variable(inner, variable):

@@ -30,7 +30,7 @@ step 1 is left out and step 2 counts each replica's own finiteness instead.
 
 import inspect
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import tensorflow as tf
@@ -106,7 +106,11 @@ def _concrete_class(public_cls, family):
         "_family": family,
       },
     )
-    family.register_serializable(concrete, *families.registration(public_cls))
+    name, deserialized_class = families.registration(public_cls)
+    own_name = family.registered_name(public_cls)
+    if own_name is not None:  # A user's subclass registered itself: saved and loaded as itself.
+      name, deserialized_class = own_name, public_cls
+    family.register_serializable(concrete, name, deserialized_class)
     _CONCRETE_CLASSES[key] = concrete
   return _CONCRETE_CLASSES[key]
 
@@ -639,12 +643,12 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     return scale_state.scale_loss(loss, self.loss_scale)
 
   @tf.autograph.experimental.do_not_convert
-  def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
+  def get_unscaled_gradients(self, grads: Iterable[Any]) -> list[Any]:
     """Divides every gradient by the loss scale.
 
     Args:
-      grads: A list of gradients (tensors or `tf.IndexedSlices`); None entries
-        are kept as None.
+      grads: A list (or any iterable) of gradients (tensors or
+        `tf.IndexedSlices`); None entries are kept as None.
 
     Returns:
       A new list of the same length, every non-None gradient divided by
@@ -824,8 +828,9 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     if self._take_scaled_loss_mark():
       grads = self.get_unscaled_gradients([g for g, _ in grads_and_vars])
       grads_and_vars = list(zip(grads, [v for _, v in grads_and_vars], strict=True))
+    # As the plain optimizer's (Keras 3's builds even for None gradients).
+    self._adapter.build(grads_and_vars)
     grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
-    self._adapter.build([v for _, v in grads_and_vars])
     unknown = self._adapter.unknown_variables([v for _, v in grads_and_vars])
     if unknown:
       raise ValueError(
@@ -1109,7 +1114,7 @@ def settings_from_legacy_loss_scale(loss_scale, deserializing=False):
   raise ValueError(
     'Invalid value passed to loss_scale. loss_scale must be the string "dynamic" '
     "(recommended), an int, a float, a FixedLossScale, or a DynamicLossScale. Got "
-    f"value: {loss_scale}"
+    f"value: {loss_scale}{loss_scale_module.tensorflow_class_hint(loss_scale)}"
   )
 
 

@@ -124,6 +124,7 @@ class LossScale(framework_internals.Trackable, metaclass=abc.ABCMeta):
     )
     self._weights[key] = variable
     self._handle_deferred_dependencies(name=name, trackable=variable)
+    framework_internals.tf_keras_track_variable(variable)
     return variable
 
   def _trackable_children(self, save_type="checkpoint", **kwargs):
@@ -141,7 +142,8 @@ class LossScale(framework_internals.Trackable, metaclass=abc.ABCMeta):
 
 
 def _check_fixed_value(loss_scale_value):
-  """`FixedLossScale`'s argument check: TF 2.4's, with NaN and Inf refused too."""
+  """`FixedLossScale`'s argument check: TF 2.4's, with NaN and Inf (a float32
+  Inf too) refused."""
   if not isinstance(loss_scale_value, (int, float)):
     raise ValueError(
       "loss_scale_value must be a Python int or float. "
@@ -151,6 +153,11 @@ def _check_fixed_value(loss_scale_value):
     raise ValueError(f"loss_scale_value must be at least 1. Got: {loss_scale_value!r}")
   if math.isinf(loss_scale_value):
     raise ValueError(f"loss_scale_value must be finite. Got: {loss_scale_value!r}")
+  if validation.float32_overflows(loss_scale_value):
+    raise ValueError(
+      f"loss_scale_value must be at most the float32 maximum, {validation.FLOAT32_MAX!r}. "
+      f"Got: {loss_scale_value!r}"
+    )
 
 
 class FixedLossScale(LossScale):
@@ -585,4 +592,26 @@ def get(identifier: Any) -> LossScale | None:
     return identifier
   if isinstance(identifier, dict):
     return deserialize(identifier)
-  raise ValueError(f"Could not interpret loss scale identifier: {identifier}")
+  raise ValueError(
+    f"Could not interpret loss scale identifier: {identifier}{tensorflow_class_hint(identifier)}"
+  )
+
+
+def tensorflow_class_hint(value):
+  """For an error message: what to pass instead of TensorFlow's own loss
+  scale classes (code migrated in part); else an empty string.
+
+  >>> tensorflow_class_hint(tf.compat.v1.mixed_precision.FixedLossScale(8))[:40]
+  ". It is TensorFlow's own FixedLossScale,"
+  """
+  name = type(value).__name__
+  if not (type(value).__module__.startswith("tensorflow.") and name in _TF_CLASS_NAMES):
+    return ""
+  return (
+    f". It is TensorFlow's own {name}, which tf_lossscale does not take: use "
+    f"tf_lossscale.mixed_precision.experimental.{name}, with the same arguments "
+    "(tf-lossscale-upgrade rewrites such names)"
+  )
+
+
+_TF_CLASS_NAMES = ("LossScale", "FixedLossScale", "DynamicLossScale")

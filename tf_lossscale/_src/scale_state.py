@@ -92,7 +92,7 @@ def unscale_gradients(grads, loss_scale):
   per gradient dtype, as TF 2.4 did.
 
   Args:
-    grads: A list of tensors, `tf.IndexedSlices` (kept as such) or None.
+    grads: An iterable of tensors, `tf.IndexedSlices` (kept as such) or None.
     loss_scale: A float32 scalar tensor.
 
   Returns:
@@ -101,6 +101,7 @@ def unscale_gradients(grads, loss_scale):
   >>> [float(g) for g in unscale_gradients([tf.constant(2.)], tf.constant(4.))]
   [0.5]
   """
+  grads = list(grads)  # Any iterable, as TF 2.4's.
   reciprocal = 1.0 / tf.convert_to_tensor(loss_scale, tf.float32)
   present = [i for i, g in enumerate(grads) if g is not None]
   values = [algorithm.gradient_values(grads[i]) for i in present]

@@ -12,9 +12,17 @@ import math
 import numpy as np
 import tensorflow as tf
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def float32_overflows(number):
+  """Whether a finite Python number is Inf as a float32 (scales are float32)."""
+  with np.errstate(over="ignore"):
+    return bool(np.isinf(np.float32(number)))
+
 
 def check_finite_above(name, value, bound):
-  """Raises `ValueError` unless `value` is a finite number greater than `bound`.
+  """Raises `ValueError` unless `value` is a finite float32 number greater than `bound`.
 
   Args:
     name: The argument's name, for the message.
@@ -22,14 +30,18 @@ def check_finite_above(name, value, bound):
     bound: The exclusive lower bound.
 
   Raises:
-    ValueError: If `value` is not a number, is NaN or infinite, or is not
-      greater than `bound`.
+    ValueError: If `value` is not a number, is NaN or infinite (a float32
+      Inf included), or is not greater than `bound`.
 
   >>> check_finite_above("multiplier", 1.5, 1)
   >>> check_finite_above("multiplier", 1, 1)
   Traceback (most recent call last):
   ...
   ValueError: multiplier must be a finite number > 1, got 1
+  >>> check_finite_above("initial_scale", 1e39, 0)
+  Traceback (most recent call last):
+  ...
+  ValueError: initial_scale must be at most the float32 maximum, 3.4028234663852886e+38, got 1e+39
   """
   try:
     number = float(value)
@@ -37,6 +49,8 @@ def check_finite_above(name, value, bound):
     number = math.nan
   if not (math.isfinite(number) and number > bound):
     raise ValueError(f"{name} must be a finite number > {bound}, got {value!r}")
+  if float32_overflows(number):
+    raise ValueError(f"{name} must be at most the float32 maximum, {FLOAT32_MAX!r}, got {value!r}")
 
 
 def gradient_pairs(grads_and_vars):

@@ -76,18 +76,19 @@ def register_public_class(public_class, name, deserialized_class=None):
 
 def registration(public_class):
   """`(name, deserialized_class)` as `public_class`, or the nearest class it
-  inherits from (a user's subclass, e.g. Horovod's), was registered."""
+  inherits from (a user's subclass, e.g. Horovod's), was registered; `name`
+  is the full one, `'tf_lossscale>...'`."""
   for klass in public_class.__mro__:
     for name, (registered, deserialized_class) in _PUBLIC_CLASSES.items():
       if registered is klass:
-        return name, deserialized_class
+        return f"tf_lossscale>{name}", deserialized_class
   raise ValueError(f"{public_class} is no subclass of a registered LossScaleOptimizer class")
 
 
 def _register_all(family):
   for name, (public_class, deserialized_class) in _PUBLIC_CLASSES.items():
     if (family, name) not in _REGISTERED:
-      family.register_serializable(public_class, name, deserialized_class)
+      family.register_serializable(public_class, f"tf_lossscale>{name}", deserialized_class)
       _REGISTERED.add((family, name))
 
 

@@ -106,8 +106,15 @@ class Family(abc.ABC):
   @abc.abstractmethod
   def register_serializable(cls, serialized_class, name, deserialized_class):
     """Registers with this framework's serialization: objects of
-    `serialized_class` serialize under `name`, which deserializes with
-    `deserialized_class.from_config`, so that saved models and configs load."""
+    `serialized_class` serialize under `name` (`'package>name'`), which
+    deserializes with `deserialized_class.from_config`, so that saved models
+    and configs load."""
+
+  @classmethod
+  @abc.abstractmethod
+  def registered_name(cls, klass):
+    """The name (`'package>name'`) `klass` itself, not a class it inherits
+    from, is registered under with this framework's serialization, or None."""
 
   @classmethod
   @abc.abstractmethod
@@ -129,9 +136,10 @@ class Family(abc.ABC):
   # --- Applying ----------------------------------------------------------------
 
   @abc.abstractmethod
-  def build(self, var_list):
-    """Creates the inner optimizer's slots for `var_list` (outside any
-    function, once, before the first apply)."""
+  def build(self, grads_and_vars):
+    """Creates the inner optimizer's slots for the variables of the
+    `(gradient or None, variable)` pairs that its own `apply_gradients`
+    would build for (outside any function, once, before the first apply)."""
 
   @abc.abstractmethod
   def unknown_variables(self, variables):
@@ -207,6 +215,16 @@ class Family(abc.ABC):
   def has_automatic_name(self):
     """Whether the inner optimizer's name was made up by its framework (and
     so differs between identically configured optimizers)."""
+
+
+def registered_name(klass, saving):
+  """`Family.registered_name` for a Keras-style `saving` module (Keras 3's
+  `keras.saving`, `tf_keras.saving`): the name `klass` is registered under,
+  when that name gives `klass` back (its own registration, not a base's)."""
+  name = saving.get_registered_name(klass)
+  if ">" in name and saving.get_registered_object(name) is klass:
+    return name
+  return None
 
 
 def written_by_tf_keras(config):

@@ -102,6 +102,11 @@ class Keras3OptimizerApi(keras.optimizers.LossScaleOptimizer):
       "LossScaleOptimizer does not support stateless_apply (it needs tf.distribute's variables)."
     )
 
+  def __reduce__(self):
+    """Pickles as Keras 3 pickles its optimizers (by its saving format), by a
+    class pickle can find: the wrapper's own is made at run time."""
+    return framework_internals.keras3_reduce_as(super().__reduce__(), Keras3OptimizerApi)
+
   def finalize_variable_values(self, var_list):
     """The inner optimizer's (e.g. its EMA of the weights), at the end of `fit`."""
     self._optimizer.finalize_variable_values(var_list)
@@ -150,9 +155,14 @@ class Keras3Family(base.Family):
 
   @classmethod
   def register_serializable(cls, serialized_class, name, deserialized_class):
-    keras.saving.register_keras_serializable("tf_lossscale", name)(serialized_class)
+    package, _, short_name = name.partition(">")
+    keras.saving.register_keras_serializable(package, short_name)(serialized_class)
     # After the line above, which maps the name to `serialized_class` too.
-    keras.saving.get_custom_objects()[f"tf_lossscale>{name}"] = deserialized_class
+    keras.saving.get_custom_objects()[name] = deserialized_class
+
+  @classmethod
+  def registered_name(cls, klass):
+    return base.registered_name(klass, keras.saving)
 
   @classmethod
   def claims_config(cls, config):
@@ -177,7 +187,9 @@ class Keras3Family(base.Family):
     framework_internals.keras3_init_wrapper_attributes(wrapper)
     object.__setattr__(wrapper, "name", "loss_scale_optimizer")
 
-  def build(self, var_list):
+  def build(self, grads_and_vars):
+    # Every variable passed, None gradient or not, as Keras 3's apply builds.
+    var_list = [v for _, v in grads_and_vars]
     if self.inner.built:
       return
 

@@ -71,6 +71,7 @@ class TfKerasFamily(base.Family):
 
   is_loss_scale_optimizer = tf_keras_legacy.OptimizerV2Family.is_loss_scale_optimizer
   register_serializable = tf_keras_legacy.OptimizerV2Family.register_serializable
+  registered_name = tf_keras_legacy.OptimizerV2Family.registered_name
 
   @classmethod
   def claims_config(cls, config):
@@ -84,9 +85,10 @@ class TfKerasFamily(base.Family):
 
   init_wrapper = tf_keras_legacy.OptimizerV2Family.init_wrapper
 
-  def build(self, var_list):
+  def build(self, grads_and_vars):
+    # Every variable passed, None gradient or not, as its own apply builds.
     with tf.init_scope():
-      self.inner.build(var_list)
+      self.inner.build([v for _, v in grads_and_vars])
 
   def unknown_variables(self, variables):
     return [v for v in variables if not framework_internals.tf_keras_knows_variable(self.inner, v)]

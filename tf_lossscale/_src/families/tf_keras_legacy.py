@@ -107,9 +107,10 @@ def _is_tf_keras_loss_scale_optimizer(optimizer):
 
 
 def _register(serialized_class, name, deserialized_class):
-  tf_keras.saving.register_keras_serializable("tf_lossscale", name)(serialized_class)
+  package, _, short_name = name.partition(">")
+  tf_keras.saving.register_keras_serializable(package, short_name)(serialized_class)
   # After the line above, which maps the name to `serialized_class` too.
-  tf_keras.saving.get_custom_objects()[f"tf_lossscale>{name}"] = deserialized_class
+  tf_keras.saving.get_custom_objects()[name] = deserialized_class
 
 
 class OptimizerV2Family(base.Family):
@@ -136,6 +137,10 @@ class OptimizerV2Family(base.Family):
     _register(serialized_class, name, deserialized_class)
 
   @classmethod
+  def registered_name(cls, klass):
+    return base.registered_name(klass, tf_keras.saving)
+
+  @classmethod
   def claims_config(cls, config):
     return base.is_optimizer_v2_config(config)
 
@@ -149,7 +154,9 @@ class OptimizerV2Family(base.Family):
   def init_wrapper(cls, wrapper):
     del wrapper  # OptimizerV2 needs nothing before attributes are set.
 
-  def build(self, var_list):
+  def build(self, grads_and_vars):
+    # OptimizerV2 makes slots only for variables with a gradient.
+    var_list = [v for g, v in grads_and_vars if g is not None]
     framework_internals.v2_create_all_weights(self.inner, var_list)
 
   def unknown_variables(self, variables):
