@@ -6,6 +6,7 @@ its expected output `<name>.upgraded.<ext>.txt`; the `.txt` suffix keeps pytest,
 ruff and the tool itself (run on this repository) away from them.
 """
 
+import doctest
 import functools
 import io
 import json
@@ -217,6 +218,15 @@ def test_stdin():
   assert _tool("-i", "-", stdin=notebook).stdout == _expected_path("tutorial.ipynb").read_text()
 
 
+# The `check` reason of an experimental policy's loss scale.
+COMPILE_REASON = (
+  "Keras 3's `Model.compile` does not wrap the optimizer with the policy's loss scale "
+  "(under 'mixed_float16' it adds Keras 3's own LossScaleOptimizer instead): pass "
+  "`wrap_optimizer_for_policy(optimizer, model)` from "
+  "tf_lossscale.keras.mixed_precision.experimental to `compile`"
+)
+
+
 def _report(result):
   """The report lines on stderr, paths made relative, without the summary."""
   return [line for line in result.stderr.splitlines() if not line.startswith("tf-lossscale")]
@@ -254,9 +264,10 @@ def test_report_lists_rewrites_and_uses_left_with_reasons(project):
     "today's TensorFlow has",
     "notebooks/tutorial.ipynb:cell_4:3:46: tensorflow.keras.mixed_precision.experimental -> "
     "tf_lossscale.keras.mixed_precision.experimental",
+    f"notebooks/tutorial.ipynb:cell_6:2:1: check: mixed_precision.set_policy: {COMPILE_REASON}",
   ]
   assert result.stderr.splitlines()[-1] == (
-    "tf-lossscale-upgrade: 3 files, would rewrite 2 (5 changes); 7 uses not rewritten, 1 to check"
+    "tf-lossscale-upgrade: 3 files, would rewrite 2 (5 changes); 7 uses not rewritten, 2 to check"
   )
   assert result.returncode == 1
 
@@ -344,6 +355,15 @@ def test_the_report_in_docs_is_the_tools(tmp_path):
   shown = re.search(r"^  ```\n(  train\.py:.*?)^  ```", page, flags=re.MULTILINE | re.DOTALL)
   assert shown, "docs/migration.md: no report example"
   assert result.stderr.splitlines() == [line[2:] for line in shown.group(1).splitlines()]
+
+
+def test_the_upgrade_source_example_in_docs_runs():
+  page = (ROOT / "docs" / "migration.md").read_text()
+  (example,) = re.findall(r"^```pycon\n(.*?)^```", page, flags=re.MULTILINE | re.DOTALL)
+  test = doctest.DocTestParser().get_doctest(example, {}, "docs/migration.md", None, 0)
+  output = []
+  result = doctest.DocTestRunner().run(test, out=output.append)
+  assert result.failed == 0 and result.attempted > 5, "".join(output)
 
 
 def test_list_names_prints_the_table_in_docs():
@@ -532,6 +552,59 @@ def test_resolution(case):
   expected = source if expected is None else expected
   assert upgrade_source(source).code == expected
   assert upgrade_source(expected).code == expected
+
+
+# A policy's loss scale, which Keras 3's compile ignores: {case: (code, [(line, old)])}
+# of the `check` findings. A Policy without a loss scale, and Keras 3's
+# set_global_policy (rewritten in the last case), are not reported.
+POLICY_CHECKS = {
+  "attribute chain": (
+    "import tensorflow as tf\n"
+    "policy = tf.keras.mixed_precision.experimental.Policy('mixed_float16', loss_scale=1024)\n"
+    "tf.keras.mixed_precision.experimental.set_policy(policy)\n"
+    "default = tf.keras.mixed_precision.experimental.Policy('mixed_float16')\n",
+    [
+      (2, "tf.keras.mixed_precision.experimental.Policy"),
+      (3, "tf.keras.mixed_precision.experimental.set_policy"),
+    ],
+  ),
+  "module import": (
+    "from tensorflow.keras.mixed_precision import experimental as mixed_precision\n"
+    "policy = mixed_precision.Policy('mixed_float16', 1024)\n"
+    "mixed_precision.set_policy(policy)\n"
+    "default = mixed_precision.Policy('mixed_float16')\n",
+    [(2, "mixed_precision.Policy"), (3, "mixed_precision.set_policy")],
+  ),
+  "name imports": (
+    "from tensorflow.keras.mixed_precision.experimental import set_policy, Policy\n"
+    "set_policy(Policy('mixed_float16', loss_scale='dynamic'))\n"
+    "default = Policy(name='mixed_float16')\n",
+    [(2, "set_policy"), (2, "Policy")],
+  ),
+  "a policy without a loss scale set": (
+    "import tensorflow as tf\n"
+    "tf.keras.mixed_precision.experimental.set_policy('float32')\n"
+    "tf.keras.mixed_precision.experimental.set_policy(None)\n"
+    'tf.keras.mixed_precision.experimental.set_policy("mixed_float16")\n',
+    [(4, "tf.keras.mixed_precision.experimental.set_policy")],
+  ),
+  "keras 3's set_global_policy beside": (
+    "from tensorflow.keras import mixed_precision\n"
+    "mixed_precision.set_global_policy('mixed_float16')\n"
+    "mixed_precision.experimental.set_policy('mixed_float16')\n"
+    "opt = mixed_precision.LossScaleOptimizer(opt)\n",
+    [(3, "mixed_precision.experimental.set_policy")],
+  ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(POLICY_CHECKS))
+def test_a_policy_loss_scale_that_compile_ignores_is_a_check(case):
+  source, expected = POLICY_CHECKS[case]
+  result = upgrade_source(source)
+  assert result.code != source
+  reported = [(f.line, f.kind, f.old, f.reason) for f in result.findings if f.kind != "rewrite"]
+  assert reported == [(line, "check", old, COMPILE_REASON) for line, old in expected]
 
 
 # Speed: the one-pass bindings and the pre-filter change nothing -------------------

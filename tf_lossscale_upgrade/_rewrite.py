@@ -318,7 +318,7 @@ class _Planner:
     ours = _names.COUNTERPARTS.get(binding.target)
     if ours is not None and not binding.dotted and self._whole_module(binding, uses, ours):
       self._rewrite_alias(binding, ours)
-      self._check_subclasses(uses)
+      self._check(uses)
       self._planned.update(use.access for use in uses)
       return
     for use in uses:
@@ -341,7 +341,7 @@ class _Planner:
       self._report(binding.alias, NOT_REWRITTEN, binding.target, reason=_KERAS3_REASON)
       return
     self._rewrite_alias(binding, target.name)
-    self._check_subclasses(self._uses(binding))
+    self._check(self._uses(binding))
 
   def _whole_module(self, binding, uses, ours):
     """Whether the import of `binding` can simply import `ours` instead."""
@@ -390,7 +390,7 @@ class _Planner:
       return False
     done = self._spell_out(binding, use, target.name)
     if done:
-      self._check_subclasses([use])
+      self._check([use])
     return done
 
   def _spell_out(self, binding, use, new_name):
@@ -431,30 +431,63 @@ class _Planner:
       return "assigned to or deleted: patching TensorFlow's module cannot be migrated"
     return None
 
-  def _check_subclasses(self, uses):
-    """A subclass of TF's class that overrides TF's private methods needs a look."""
+  def _check(self, uses):
+    """Reports the rewritten `uses` that still need a person's look."""
     for use in uses:
-      arg = self.parents.get(use.node)
-      class_def = self.parents.get(arg)
-      if not (isinstance(arg, cst.Arg) and isinstance(class_def, cst.ClassDef)):
-        continue
-      if arg not in class_def.bases:
-        continue
-      private = [
-        statement.name.value
-        for statement in class_def.body.body
-        if isinstance(statement, cst.FunctionDef)
-        and statement.name.value.startswith("_")
-        and not statement.name.value.endswith("__")
-      ]
-      if private:
-        self._report(
-          use.node,
-          CHECK,
-          _dotted(use.node),
-          reason=f"class {class_def.name.value} overrides {', '.join(private)}: TensorFlow's "
-          "private methods, which tf_lossscale's class does not have; port them by hand",
-        )
+      for reason in (self._private_overrides(use), self._compile_ignores_loss_scale(use)):
+        if reason:
+          self._report(use.node, CHECK, _dotted(use.node), reason=reason)
+
+  def _private_overrides(self, use):
+    """Why a subclass of TF's class that overrides TF's private methods needs a look."""
+    arg = self.parents.get(use.node)
+    class_def = self.parents.get(arg)
+    if not (isinstance(arg, cst.Arg) and isinstance(class_def, cst.ClassDef)):
+      return None
+    if arg not in class_def.bases:
+      return None
+    private = [
+      statement.name.value
+      for statement in class_def.body.body
+      if isinstance(statement, cst.FunctionDef)
+      and statement.name.value.startswith("_")
+      and not statement.name.value.endswith("__")
+    ]
+    if not private:
+      return None
+    return (
+      f"class {class_def.name.value} overrides {', '.join(private)}: TensorFlow's "
+      "private methods, which tf_lossscale's class does not have; port them by hand"
+    )
+
+  def _compile_ignores_loss_scale(self, use):
+    """Why a use that sets a policy's loss scale, which Keras 3's `compile` ignores, needs a look.
+
+    Any use of the experimental `set_policy` but a call naming a policy
+    without a loss scale (a string other than 'mixed_float16', or None), and
+    a call of the experimental `Policy` given a loss scale (TF 2.4's
+    `compile` used it).
+    """
+    target = _names.NAMES.get(use.name)
+    if target is None:
+      return None
+    call = self.parents.get(use.node)
+    called = isinstance(call, cst.Call) and call.func is use.node
+    if target.name == _SET_POLICY:
+      first = call.args[0] if called and call.args else None
+      value = first.value if first is not None and first.keyword is None else None
+      if isinstance(value, cst.SimpleString) and value.evaluated_value != "mixed_float16":
+        return None
+      if isinstance(value, cst.Name) and value.value == "None":
+        return None
+      return _COMPILE_REASON
+    if not (target.name == _EXPERIMENTAL_POLICY and called):
+      return None
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    keywords = [arg.keyword.value for arg in call.args if arg.keyword is not None]
+    if len(positional) > 1 or "loss_scale" in keywords:
+      return _COMPILE_REASON
+    return None
 
   def _rewrite_alias(self, binding, new_name):
     self.aliases[binding.alias] = new_name
@@ -537,6 +570,16 @@ class _Planner:
 _KERAS3_REASON = (
   "this file uses Keras 3's `scale_loss` protocol, so this is Keras 3's own "
   "LossScaleOptimizer, which today's TensorFlow has"
+)
+
+
+_SET_POLICY = "tf_lossscale.keras.mixed_precision.experimental.set_policy"
+_EXPERIMENTAL_POLICY = "tf_lossscale.keras.mixed_precision.experimental.Policy"
+_COMPILE_REASON = (
+  "Keras 3's `Model.compile` does not wrap the optimizer with the policy's loss scale "
+  "(under 'mixed_float16' it adds Keras 3's own LossScaleOptimizer instead): pass "
+  "`wrap_optimizer_for_policy(optimizer, model)` from "
+  "tf_lossscale.keras.mixed_precision.experimental to `compile`"
 )
 
 
