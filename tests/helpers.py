@@ -33,8 +33,15 @@ def load_script(name):
 
 
 def python_blocks(text):
-  """The ```python fenced blocks of a markdown text, in order."""
-  return re.findall(r"^```python\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+  """The ```python fenced blocks of a markdown text, in order, those indented
+  under a list item included: each block without its fence's indentation."""
+  fences = re.finditer(
+    r"^([ \t]*)```python[ \t]*\n(.*?)^\1```[ \t]*$", text, flags=re.MULTILINE | re.DOTALL
+  )
+  return [
+    "".join(line.removeprefix(indent) for line in body.splitlines(keepends=True))
+    for indent, body in (fence.groups() for fence in fences)
+  ]
 
 
 def run_script(folder, source, data):

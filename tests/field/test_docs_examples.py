@@ -1,11 +1,12 @@
-"""The python examples of README.md, docs/monitoring.md and docs/migration.md run,
-and do what their pages say.
+"""The python examples of README.md, docs/index.md, docs/monitoring.md and
+docs/migration.md run, and do what their pages say.
 
 Each page's blocks run in order in one namespace, as a reader would paste them,
 each after a prelude that gives what the page takes as the reader's own (a model,
 data, a loss function; never a tf_lossscale name) and before checks of what the
-page says the block does. One fresh process runs every page, in a temporary
-folder (the examples write TensorBoard logs to `logs`).
+page says the block does. A block that only illustrates (the before and after of a
+rewrite) has None instead, and is not run. One fresh process runs every page, in a
+temporary folder (the examples write TensorBoard logs to `logs`).
 (docs/custom_training_loops.md has a test of its own, test_custom_loop_docs.py.)
 """
 
@@ -41,7 +42,7 @@ def logged_tags():
   return tags
 """
 
-# page -> [(prelude, checks)], one per python block of the page, in order.
+# page -> [(prelude, checks) or None], one per python block of the page, in order.
 EXAMPLES = {
   "README.md": [
     (
@@ -96,9 +97,60 @@ assert legacy.get_config()["hysteresis"] == 2 and legacy.min_loss_scale == 1
 """,
     ),
   ],
-  "docs/migration.md": [
+  "docs/index.md": [
     (
-      # The reader's model, built under the mixed_float16 policy the block sets.
+      "",
+      # Not vacuous: another inner learning rate still compares unequal.
+      """
+assert opt1.comparable_config() != LossScaleOptimizer(tf.keras.optimizers.SGD(0.5)).comparable_config()
+""",
+    ),
+    (
+      # The reader's data, and the function building their model.
+      """
+import numpy as np
+x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+def build_model():
+  return tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+""",
+      # The experimental class with the policy's fixed 1024; Keras 3's compile adds no
+      # wrapper of its own under the mixed_float16 policy.
+      """
+from tf_lossscale.keras.mixed_precision.experimental import LossScaleOptimizer as Experimental
+assert isinstance(opt, Experimental) and model.optimizer is opt, model.optimizer
+assert type(opt.inner_optimizer) is tf.keras.optimizers.SGD
+assert model.layers[0].compute_dtype == "float16"
+assert not opt.dynamic and float(opt.loss_scale) == 1024
+model.fit(x, y, epochs=1, verbose=0)
+assert model.optimizer is opt and int(opt.iterations.numpy()) == 2
+assert float(opt.loss_scale) == 1024
+mixed_precision.set_policy("float32")
+""",
+    ),
+  ],
+  "docs/migration.md": [
+    None,  # "before" and "after" of an import rewrite, side by side: no program.
+    None,  # the same, one above the other; `opt` is the reader's.
+    None,  # the same, for a private module's import.
+    (
+      "",
+      # One eager step of SGD(0.1) on var**2 from 1: the gradient 2 unscaled exactly
+      # (the custom scale's `update` says apply), the scale halved, and the
+      # `_add_weight` variable checkpointed under the optimizer's `loss_scale`.
+      """
+import numpy as np
+var = tf.Variable(1.0)
+opt.minimize(lambda: var**2, var_list=[var])
+assert var.numpy() == np.float32(0.8), var.numpy()
+(scale,) = opt.variables()
+assert float(scale) == 512, float(scale)
+saved = tf.train.Checkpoint(optimizer=opt).write("halving/ckpt")
+assert "optimizer/loss_scale/scale/.ATTRIBUTES/VARIABLE_VALUE" in dict(tf.train.list_variables(saved))
+""",
+    ),
+    (
+      # The reader's data (and tf); the block builds its model after set_policy.
       _data(64, "mixed_float16"),
       # Keras 3's compile keeps our optimizer: no Keras 3 LossScaleOptimizer around it.
       """
@@ -117,7 +169,7 @@ _RUNNER = """
 import json, sys
 for page, steps in json.load(open(sys.argv[1])):
   namespace = {}
-  for number, (prelude, block, checks) in enumerate(steps, 1):
+  for number, prelude, block, checks in steps:
     name = f"{page} block {number}"
     print(f"--- {name}", flush=True)
     exec(compile(prelude, f"<prelude of {name}>", "exec"), namespace)
@@ -138,8 +190,9 @@ def test_the_examples_run(tmp_path):
   steps = []
   for page, examples in EXAMPLES.items():
     blocks = helpers.python_blocks((ROOT / page).read_text())
-    pairs = zip(examples, blocks, strict=True)
-    steps.append((page, [(prelude, block, checks) for (prelude, checks), block in pairs]))
+    numbered = enumerate(zip(examples, blocks, strict=True), 1)
+    run = [(n, ex[0], block, ex[1]) for n, (ex, block) in numbered if ex is not None]
+    steps.append((page, run))
   result = helpers.run_script(tmp_path, _RUNNER, steps)
   output = result.stdout + result.stderr
   assert result.returncode == 0 and "--- all pages ran" in result.stdout, output[-5000:]
