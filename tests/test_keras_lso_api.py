@@ -394,7 +394,8 @@ def test_a_registered_subclass_survives_a_keras_model_save(tmp_path):
 
 
 @pytest.mark.skipif(
-  not hasattr(keras.optimizers.SGD, "_unpickle_model"), reason="Keras < 3.4 pickles no optimizer"
+  not hasattr(keras.optimizers.SGD, "_unpickle_model"),
+  reason="this Keras pickles no optimizer (3.0, 3.2)",
 )
 def test_keras3_pickle_as_a_plain_keras3_optimizer():
   """As Keras 3 pickles an optimizer (for distributed-computing frameworks): its

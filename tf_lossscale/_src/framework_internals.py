@@ -318,10 +318,10 @@ def _all_reduce_sum(grads_and_vars):
 def keras3_reduce_as(reduced, cls):
   """Keras 3's `__reduce__` of an object with its loader bound to `cls`.
 
-  Keras 3.4 and later pickle an object as `(type(obj)._unpickle_model,
+  Keras 3.4 to 3.15 (checked) pickle an object as `(type(obj)._unpickle_model,
   (buffer,))`: a class method that loads whatever the buffer holds, the class
   it is bound to aside; pickle finds that class by its name. Anything else
-  (Keras 3.0-3.3 have no such `__reduce__`): `reduced` unchanged.
+  (Keras 3.0 and 3.2, checked, have no such `__reduce__`): `reduced` unchanged.
   """
   loader = reduced[0] if isinstance(reduced, tuple) else None
   if getattr(loader, "__name__", None) != "_unpickle_model" or not hasattr(cls, "_unpickle_model"):
