@@ -242,6 +242,21 @@ def test_a_mixed_keras_policy_is_refused(set_global_policy, name):
   enable(tf.compat.v1.train.GradientDescentOptimizer(0.1))
 
 
+def test_the_policies_in_force_decide_not_the_last_one_set():
+  """TF's shared flag records only the last of tf_keras's and our `set_policy`;
+  Keras 3's `set_global_policy` never writes it."""
+  keras_experimental.set_policy("mixed_float16")
+  keras.mixed_precision.set_global_policy("float32")  # Our experimental policy replaced.
+  enable(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+  disable()
+  tf_keras.mixed_precision.set_global_policy("mixed_float16")
+  keras_experimental.set_policy("float32")  # tf_keras's policy is still mixed.
+  with pytest.raises(ValueError, match="global Keras dtype Policy has been set to a mixed"):
+    enable(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+  tf_keras.mixed_precision.set_global_policy("float32")
+  enable(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+
+
 def test_a_mixed_keras_policy_is_refused_after_the_rewrite():
   enable(tf.compat.v1.train.GradientDescentOptimizer(0.1))
   with pytest.raises(ValueError, match='global dtype policy cannot be set to "mixed_float16"'):

@@ -205,21 +205,6 @@ def non_mixed_precision_session_created():
   return bool(_global_state.non_mixed_precision_session_created())
 
 
-def using_mixed_precision_policy():
-  """Whether tf_keras's (or TF's own) Keras set a mixed global policy.
-
-  Relies on `mixed_precision_global_state.is_using_mixed_precision_policy`.
-  Without it: False (Keras 3's and our own policies are checked directly by
-  the callers).
-
-  Returns:
-    Bool.
-  """
-  if _global_state is None:
-    return False
-  return bool(_global_state.is_using_mixed_precision_policy())
-
-
 def set_using_mixed_precision_policy(is_mixed):
   """Records in TF's flag whether our global policy is a mixed one.
 
@@ -227,7 +212,7 @@ def set_using_mixed_precision_policy(is_mixed):
   (also exported as `tf.__internal__.train.set_using_mixed_precision_policy`,
   which tf_keras's `set_global_policy` calls). Without it: nothing is
   recorded, and TF's own graph rewrite no longer refuses to run beside our
-  policy (ours still does: it reads the Keras 3 global policy itself).
+  policy (ours still does: it reads the global policies themselves).
 
   Args:
     is_mixed: Bool.

@@ -68,11 +68,15 @@ def _wrap_optimizer(opt, loss_scale):
 
 
 def _mixed_keras_policy_in_use():
-  """Whether Keras 3's, tf_keras's or TF's Keras global policy is a mixed one."""
-  policy = keras.mixed_precision.global_policy()
-  if policy.compute_dtype != policy.variable_dtype:
-    return True
-  return framework_internals.using_mixed_precision_policy()
+  """Whether Keras 3's global policy (the experimental `set_policy` sets it
+  too) or tf_keras's is a mixed one, as each is now: TF's shared flag is
+  written by whichever of tf_keras and us set a policy last, and never by
+  Keras 3."""
+  policies = [keras.mixed_precision.global_policy()]
+  tf_keras = sys.modules.get("tf_keras")
+  if tf_keras is not None:
+    policies.append(tf_keras.mixed_precision.global_policy())
+  return any(policy.compute_dtype != policy.variable_dtype for policy in policies)
 
 
 def enable_mixed_precision_graph_rewrite(opt, loss_scale="dynamic"):
