@@ -165,8 +165,8 @@ def test_a_fixed_scale_logs_its_value_and_no_skipped_steps():
 
 # --- The minimum ---------------------------------------------------------------
 
-# From 4 with a minimum of 0.5, every step NaN: 2, 1, 0.5 (step 3, at the
-# minimum from then on: a run of 1), 0.5, ...: a run of 3 at step 5.
+# From 4 with a minimum of 0.5, every step NaN: 2, 1, 0.5 after step 3, which ran
+# at 1; step 4 is the first to run at the minimum: a run of 3 at step 6.
 ALL_NAN = dict(pattern=[NAN] * 4, initial_scale=4, min_loss_scale=0.5)
 
 
@@ -181,7 +181,7 @@ def test_warns_once_with_the_numbers_when_the_scale_sits_at_its_minimum():
   assert len(ours) == 1
   message = str(ours[0].message)
   assert "minimum (0.5, min_loss_scale) through the last 3 training steps" in message
-  assert "(at step 5; 5 steps skipped in all)" in message
+  assert "(at step 6; 6 steps skipped in all)" in message
   assert history.history["loss_scale"] == [0.5, 0.5]
 
 
@@ -189,9 +189,9 @@ def _minimum_warnings(caught):
   return [w for w in caught if issubclass(w.category, callbacks.LossScaleMinimumWarning)]
 
 
-@pytest.mark.parametrize("steps, warned", [(11, False), (12, True)])
+@pytest.mark.parametrize("steps, warned", [(12, False), (13, True)])
 def test_the_default_patience_is_ten_training_steps(steps, warned):
-  # At the minimum from step 3: a run of 10 at step 12.
+  # Run at the minimum from step 4: a run of 10 at step 13.
   model, x, y, batch = _model("keras3", **{**ALL_NAN, "pattern": [NAN] * steps})
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -200,7 +200,7 @@ def test_the_default_patience_is_ten_training_steps(steps, warned):
   assert len(messages) == warned, messages
   if warned:
     assert "through the last 10 training steps" in messages[0]
-    assert "(at step 12; 12 steps skipped in all)" in messages[0]
+    assert "(at step 13; 13 steps skipped in all)" in messages[0]
 
 
 def test_warns_again_in_the_next_fit():
@@ -216,13 +216,13 @@ def test_warns_again_in_the_next_fit():
 def test_raise_stops_fit_at_the_patience():
   model, x, y, batch = _model("keras3", **ALL_NAN)
   monitor = callbacks.LossScaleMonitor(min_scale_patience=2, on_min_scale="raise")
-  with pytest.raises(RuntimeError, match=r"through the last 2 training steps.*at step 4"):
+  with pytest.raises(RuntimeError, match=r"through the last 2 training steps.*at step 5"):
     _fit(model, x, y, batch, [monitor])
-  assert int(model.optimizer.iterations.numpy()) == 4
+  assert int(model.optimizer.iterations.numpy()) == 5
 
 
 def test_ignore_and_a_finite_step_keep_quiet():
-  pattern = [NAN, NAN, NAN, 1.0]  # Runs at the minimum of 1, 1 (epoch 2: 1 from the start).
+  pattern = [NAN, NAN, NAN, 1.0]  # Runs at the minimum of 1 and 3 (epoch 2 starts there).
   model, x, y, batch = _model("keras3", pattern=pattern, initial_scale=4, min_loss_scale=1)
   with warnings.catch_warnings():
     warnings.simplefilter("error", callbacks.LossScaleMinimumWarning)

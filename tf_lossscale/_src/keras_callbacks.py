@@ -89,8 +89,8 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
     a `TensorBoard` callback elsewhere in the list is only found through
     the default writer it sets. Placed before a `TensorBoard` callback in
     the list, the epoch logs also reach it as `epoch_loss_scale`, ...;
-  * when the scale has sat at the optimizer's `min_loss_scale` through
-    `min_scale_patience` consecutive skipped steps (training is then going
+  * when `min_scale_patience` consecutive steps run with the scale at the
+    optimizer's `min_loss_scale` were all skipped (training is then going
     nowhere), warns once per `fit` with the numbers
     (`LossScaleMinimumWarning`), raises `RuntimeError` (stopping `fit`), or
     does nothing, as `on_min_scale` says.
@@ -122,8 +122,10 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
       training steps.
     tensorboard: Where to write the summaries: a `TensorBoard` callback (its
       `log_dir`), a directory, or None (the default writer, if any).
-    min_scale_patience: The number of consecutive skipped steps with the
-      scale at its minimum that `on_min_scale` acts on.
+    min_scale_patience: The number of consecutive skipped steps run with
+      the scale at its minimum that `on_min_scale` acts on (counted in
+      `iterations`: under Keras 3's `gradient_accumulation_steps`, whose
+      skipped micro-steps do not count, it does not act).
     on_min_scale: `'warn'` (once per `fit`), `'raise'` or `'ignore'`.
 
   Raises:
@@ -284,7 +286,9 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
     steps, skipped = now[0] - previous[0], now[1] - previous[1]
     if minimum is None or steps <= 0:
       return
-    at_minimum = now[2] <= np.float32(minimum)
+    # The steps since the last read ran at the minimum if it was there then
+    # (the step that brings it there ran above it).
+    at_minimum = previous[2] <= np.float32(minimum)
     self._run = self._run + steps if (at_minimum and skipped == steps) else 0
     if self._run < self.min_scale_patience or self.on_min_scale == "ignore":
       return
