@@ -90,6 +90,17 @@ def test_policy_matches_tf24(tf24_policy, name, loss_scale):
   assert repr(ours) == repr(theirs)
 
 
+@pytest.mark.parametrize("alias", ["half", "float", "double"])
+def test_a_dtype_alias_is_its_dtype_as_in_tf24(tf24_policy, alias):
+  """TF 2.4 took any name `tf.as_dtype` takes; Keras 3 takes dtype names only, so
+  the policy is named after the dtype (TF 2.4's kept the alias as its name)."""
+  ours, theirs = experimental.Policy(alias), tf24_policy.PolicyV1(alias)
+  assert (ours.compute_dtype, ours.variable_dtype) == (theirs.compute_dtype, theirs.variable_dtype)
+  assert ours.name == tf.as_dtype(alias).name
+  experimental.set_policy(alias)
+  assert experimental.global_policy().compute_dtype == theirs.compute_dtype
+
+
 def test_auto_loss_scale_is_dynamic_for_mixed_float16_only():
   scale = experimental.Policy("mixed_float16").loss_scale
   assert isinstance(scale, tf_lossscale.DynamicLossScale)
@@ -349,6 +360,23 @@ def test_wrap_optimizer_for_policy_defaults_to_the_global_policy():
   opt = experimental.wrap_optimizer_for_policy("sgd")
   assert isinstance(opt.inner_optimizer, keras.optimizers.SGD)
   assert float(opt.loss_scale) == 32.0
+
+
+def test_wrap_optimizer_for_policy_makes_a_named_optimizer_of_the_model_s_framework():
+  """A tf_keras model's compile takes tf_keras optimizers only."""
+  model = tf_keras.Sequential(
+    [tf_keras.Input((2,)), tf_keras.layers.Dense(1, dtype="mixed_float16")]
+  )
+  opt = experimental.wrap_optimizer_for_policy("sgd", model.layers[0])
+  assert isinstance(opt.inner_optimizer, tf_keras.optimizers.SGD)
+  model.compile(optimizer=opt, loss="mse")
+  assert model.optimizer is opt
+
+
+@pytest.mark.parametrize("policy", [3, object()])
+def test_wrap_optimizer_for_policy_names_a_bad_policy(policy):
+  with pytest.raises(TypeError, match="policy must be a dtype policy, a Keras layer or model"):
+    experimental.wrap_optimizer_for_policy("sgd", policy)
 
 
 def test_wrap_optimizer_for_policy_leaves_loss_scale_optimizers_alone():

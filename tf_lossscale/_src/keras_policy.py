@@ -44,6 +44,13 @@ _REMOVED_POLICY_ADVICE = {
 }
 
 
+def _canonical_name(name):
+  """`name` checked (`_check_policy_name`), a dtype alias TF 2.4 took
+  (`'half'`, `'float'`, `'double'`) as its dtype's name, which Keras 3 takes."""
+  _check_policy_name(name)
+  return name if name in _MIXED_NAMES else tf.as_dtype(name).name
+
+
 def _check_policy_name(name):
   """Raises TF 2.4's error for a name no TF 2.4 policy had.
 
@@ -203,7 +210,8 @@ class Policy(_NAME_PARSING_POLICY):
 
   Args:
     name: The policy name: a dtype name such as `'float32'`, or
-      `'mixed_float16'` or `'mixed_bfloat16'`.
+      `'mixed_float16'` or `'mixed_bfloat16'`. An alias TF 2.4 took
+      (`'half'`, `'float'`, `'double'`) becomes its dtype's name.
     loss_scale: `'auto'` (the default): a dynamic loss scale for
       `'mixed_float16'`, none otherwise. Otherwise a
       `tf_lossscale.mixed_precision.experimental.LossScale`, an int or float
@@ -228,12 +236,10 @@ class Policy(_NAME_PARSING_POLICY):
       return parent_new(cls)
     # Keras 3.2's `DTypePolicy.__new__` takes the name alone (a copy passes it
     # too) and checks it with its own wording: check it first, as TF 2.4 did.
-    name = args[0] if args else kwargs["name"]
-    _check_policy_name(name)
-    return parent_new(cls, name)
+    return parent_new(cls, _canonical_name(args[0] if args else kwargs["name"]))
 
   def __init__(self, name, loss_scale="auto"):
-    _check_policy_name(name)
+    name = _canonical_name(name)
     super().__init__(name)
     if name == "mixed_float16":
       _DeviceCheck.log_once()
@@ -328,8 +334,7 @@ def set_policy(policy):
   if policy is None:
     policy = KerasPolicy(keras.config.floatx())
   elif not isinstance(policy, KerasPolicy):
-    _check_policy_name(policy)
-    policy = KerasPolicy(policy)
+    policy = KerasPolicy(_canonical_name(policy))
   is_mixed = policy.compute_dtype != policy.variable_dtype
   if is_mixed and framework_internals.graph_rewrite_flag():
     raise ValueError(
@@ -416,23 +421,38 @@ def wrap_optimizer_for_policy(optimizer, policy=None):
   As in TF 2.4, a loss scale other than `'dynamic'` (the `'auto'` one
   included) gives the deprecated experimental `LossScaleOptimizer`, a
   subclass of the non-experimental one, which logs a deprecation warning.
+  An experimental `'mixed_float16'` policy whose loss scale is None gives
+  the optimizer unchanged, and TF 2.4 trained without loss scaling there;
+  Keras 3's `compile` would add its own: pass it `auto_scale_loss=False`.
 
   Args:
     optimizer: A Keras optimizer, or an optimizer identifier such as
-      `'sgd'` (for `keras.optimizers.get`).
+      `'sgd'` (for `keras.optimizers.get`, or tf_keras's for a tf_keras
+      layer or model as `policy`).
     policy: The dtype policy deciding the wrapping: a policy, a Keras layer
       or model (its `dtype_policy`, which TF 2.4's `compile` used), a policy
       name, or None for the global policy.
 
   Returns:
     `optimizer`, or a `LossScaleOptimizer` wrapping it.
+
+  Raises:
+    TypeError: If `policy` is none of those.
   """
+  optimizers = keras.optimizers
   if policy is None:
     policy = global_policy()
   elif isinstance(policy, str):
-    policy = KerasPolicy(policy)
+    policy = KerasPolicy(_canonical_name(policy))
   elif _is_layer(policy):
+    if not isinstance(policy, keras.layers.Layer):  # A tf_keras layer or model.
+      optimizers = sys.modules["tf_keras"].optimizers
     policy = policy.dtype_policy
+  if not isinstance(getattr(policy, "name", None), str) or not hasattr(policy, "compute_dtype"):
+    raise TypeError(
+      "policy must be a dtype policy, a Keras layer or model, a policy name or None, "
+      f"but got: {policy!r}"
+    )
   if isinstance(policy, Policy):
     loss_scale = policy.loss_scale
   elif policy.name == "mixed_float16":
@@ -440,7 +460,7 @@ def wrap_optimizer_for_policy(optimizer, policy=None):
   else:
     loss_scale = None
   if isinstance(optimizer, (str, dict)):
-    optimizer = keras.optimizers.get(optimizer)
+    optimizer = optimizers.get(optimizer)
   if loss_scale is None or _is_loss_scale_optimizer(optimizer):
     return optimizer
   if isinstance(loss_scale, str):
