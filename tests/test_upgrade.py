@@ -434,6 +434,17 @@ def test_the_tool_never_imports_tensorflow(project):
 # Resolution rules, each on a few lines -------------------------------------------
 
 CASES = {
+  "compat.v1's own compat": (
+    "import tensorflow.compat.v1 as tf\n"
+    "opt = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, 'dynamic')\n"
+    "opt = tf.compat.v1.train.experimental.enable_mixed_precision_graph_rewrite(opt)\n"
+    "scale = tf.compat.v2.mixed_precision.experimental.DynamicLossScale()\n",
+    "import tensorflow.compat.v1 as tf\n"
+    "import tf_lossscale\n"
+    "opt = tf_lossscale.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, 'dynamic')\n"
+    "opt = tf_lossscale.compat.v1.train.experimental.enable_mixed_precision_graph_rewrite(opt)\n"
+    "scale = tf_lossscale.mixed_precision.experimental.DynamicLossScale()\n",
+  ),
   "tf1 program": (
     "import tensorflow.compat.v1 as tf\n"
     "opt = tf.train.experimental.MixedPrecisionLossScaleOptimizer(opt, 'dynamic')\n",
@@ -582,11 +593,23 @@ POLICY_CHECKS = {
     [(2, "set_policy"), (2, "Policy")],
   ),
   "a policy without a loss scale set": (
-    "import tensorflow as tf\n"
-    "tf.keras.mixed_precision.experimental.set_policy('float32')\n"
-    "tf.keras.mixed_precision.experimental.set_policy(None)\n"
-    'tf.keras.mixed_precision.experimental.set_policy("mixed_float16")\n',
-    [(4, "tf.keras.mixed_precision.experimental.set_policy")],
+    "from tensorflow.keras.mixed_precision import experimental as mp\n"
+    "mp.set_policy('float32')\n"
+    "mp.set_policy(None)\n"
+    "mp.set_policy(policy='float32')\n"
+    "mp.set_policy(mp.Policy('mixed_bfloat16'))\n"
+    "mp.set_policy(mp.Policy(name='float32'))\n"
+    'mp.set_policy("mixed_float16")\n'
+    "mp.set_policy(policy=mp.Policy('mixed_float16'))\n"
+    "mp.set_policy(mp.Policy('float32', loss_scale=None))\n"
+    "mp.set_policy(name)\n",
+    [
+      (7, "mp.set_policy"),
+      (8, "mp.set_policy"),
+      (9, "mp.set_policy"),  # A loss scale given, if None: left to a person.
+      (9, "mp.Policy"),
+      (10, "mp.set_policy"),  # Unknown.
+    ],
   ),
   "keras 3's set_global_policy beside": (
     "from tensorflow.keras import mixed_precision\n"

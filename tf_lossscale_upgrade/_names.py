@@ -37,10 +37,22 @@ _KERAS_EXPERIMENTAL = (
 _V1_OPTIMIZER = ("MixedPrecisionLossScaleOptimizer",)
 
 # Roots under which TensorFlow exposes an API version: `import tensorflow as tf`
-# is TF2's API (TF1's in TF 1.x code), `tensorflow.compat.v1`/`.v2` pin one.
-_ROOTS_V1 = ("tensorflow", "tensorflow.compat.v1")
-_ROOTS_V2 = ("tensorflow", "tensorflow.compat.v2")
-_ROOTS_ANY = ("tensorflow", "tensorflow.compat.v1", "tensorflow.compat.v2")
+# is TF2's API (TF1's in TF 1.x code), `tensorflow.compat.v1`/`.v2` pin one, and
+# each of those has a `compat` of its own (`import tensorflow.compat.v1 as tf`
+# then `tf.compat.v1.train...`).
+_ROOTS_V1 = (
+  "tensorflow",
+  "tensorflow.compat.v1",
+  "tensorflow.compat.v1.compat.v1",
+  "tensorflow.compat.v2.compat.v1",
+)
+_ROOTS_V2 = (
+  "tensorflow",
+  "tensorflow.compat.v2",
+  "tensorflow.compat.v1.compat.v2",
+  "tensorflow.compat.v2.compat.v2",
+)
+_ROOTS_ANY = tuple(dict.fromkeys(_ROOTS_V1 + _ROOTS_V2))
 
 
 def _table():
@@ -259,11 +271,12 @@ def markdown_table():
   """The table as Markdown, one row per TF module (what docs/migration.md shows).
 
   `tensorflow.` is spelled `tf.` for public names, and `tf.compat.v2.` rows,
-  the same as `tf.` rows, are left out.
+  the same as `tf.` rows, and those under a compat module's own `compat`
+  (`tf.compat.v1.compat.v1.`), the same again, are left out.
   """
   rows = {}
   for tf_name, target in NAMES.items():
-    if tf_name.startswith("tensorflow.compat.v2."):
+    if tf_name.startswith("tensorflow.compat.v2.") or tf_name.count(".compat.") > 1:
       continue
     tf_module, leaf = tf_name.rsplit(".", 1)
     our_module, our_leaf = target.name.rsplit(".", 1)

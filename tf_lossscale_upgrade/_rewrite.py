@@ -463,10 +463,9 @@ class _Planner:
   def _compile_ignores_loss_scale(self, use):
     """Why a use that sets a policy's loss scale, which Keras 3's `compile` ignores, needs a look.
 
-    Any use of the experimental `set_policy` but a call naming a policy
-    without a loss scale (a string other than 'mixed_float16', or None), and
-    a call of the experimental `Policy` given a loss scale (TF 2.4's
-    `compile` used it).
+    Any use of the experimental `set_policy` but a call given a policy that
+    has no loss scale (`_without_loss_scale`), and a call of the experimental
+    `Policy` given a loss scale (TF 2.4's `compile` used it).
     """
     target = _names.NAMES.get(use.name)
     if target is None:
@@ -474,18 +473,9 @@ class _Planner:
     call = self.parents.get(use.node)
     called = isinstance(call, cst.Call) and call.func is use.node
     if target.name == _SET_POLICY:
-      first = call.args[0] if called and call.args else None
-      value = first.value if first is not None and first.keyword is None else None
-      if isinstance(value, cst.SimpleString) and value.evaluated_value != "mixed_float16":
-        return None
-      if isinstance(value, cst.Name) and value.value == "None":
-        return None
-      return _COMPILE_REASON
-    if not (target.name == _EXPERIMENTAL_POLICY and called):
-      return None
-    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
-    keywords = [arg.keyword.value for arg in call.args if arg.keyword is not None]
-    if len(positional) > 1 or "loss_scale" in keywords:
+      policy = _argument(call, 0, "policy") if called else None
+      return None if _without_loss_scale(policy) else _COMPILE_REASON
+    if target.name == _EXPERIMENTAL_POLICY and called and _given_loss_scale(call):
       return _COMPILE_REASON
     return None
 
@@ -581,6 +571,37 @@ _COMPILE_REASON = (
   "`wrap_optimizer_for_policy(optimizer, model)` from "
   "tf_lossscale.keras.mixed_precision.experimental to `compile`"
 )
+
+
+def _argument(call, position, keyword):
+  """The value of `call`'s argument at `position` or named `keyword`, or None."""
+  positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+  if len(positional) > position:
+    return positional[position].value
+  named = [
+    arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == keyword
+  ]
+  return named[0] if named else None
+
+
+def _given_loss_scale(policy_call):
+  """Whether an experimental `Policy(...)` call passes a loss scale."""
+  return _argument(policy_call, 1, "loss_scale") is not None
+
+
+def _without_loss_scale(policy):
+  """Whether a `set_policy` argument is a policy without a loss scale, as
+  written: None, a name other than 'mixed_float16', or a `Policy(name)` call
+  of such a name and no loss scale."""
+  if isinstance(policy, cst.Name):
+    return policy.value == "None"
+  if isinstance(policy, cst.Call):
+    func = policy.func
+    called = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+    if called != "Policy" or _given_loss_scale(policy):
+      return False
+    policy = _argument(policy, 0, "name")
+  return isinstance(policy, cst.SimpleString) and policy.evaluated_value != "mixed_float16"
 
 
 def _no_equivalent(name):
