@@ -464,6 +464,24 @@ class HalvingLossScale(loss_scale.LossScale):
     return {"initial": self._initial}
 
 
+def test_a_traced_update_exports_to_a_saved_model_and_runs_there(tmp_path):
+  """The skipped-step count a traced update writes is in the SavedModel (TF's
+  class exports too); checkpoints keep TF's two keys (a test above)."""
+  module = tf.Module()
+  module.scale = loss_scale.DynamicLossScale(8.0, 2)
+  module.update = tf.function(
+    lambda g: module.scale.update([g])[1], input_signature=[tf.TensorSpec([], tf.float32)]
+  )
+  module.update(tf.constant(1.0))
+  tf.saved_model.save(module, str(tmp_path / "saved"))
+  loaded = tf.saved_model.load(str(tmp_path / "saved"))
+  assert not bool(loaded.update(tf.constant(float("nan"))))
+  assert bool(loaded.update(tf.constant(1.0)))
+  assert float(loaded.scale.current_loss_scale.numpy()) == 4.0  # 8, halved at the NaN step
+  assert int(loaded.scale.good_steps.numpy()) == 1
+  assert int(loaded.scale.skipped_steps.numpy()) == 1
+
+
 def test_user_subclass_works_and_checkpoints_its_weights(tmp_path):
   ls = HalvingLossScale()
   ls.build()

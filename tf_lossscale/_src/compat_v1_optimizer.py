@@ -6,6 +6,7 @@ hands the gradients to the loss scale's `update` (once, in a cross-replica
 context) and lets the wrapped optimizer apply them only when `update` says so.
 """
 
+import contextlib
 from typing import Any
 
 import tensorflow as tf
@@ -63,6 +64,22 @@ def _checked_gradients(grads_and_vars):
     raise ValueError(f"No gradients provided for any variable: {[str(v) for _, v in pairs]}.")
   validation.check_gradients_fit(pairs, dtype_must_match=True)
   return pairs
+
+
+def _tf24_apply_scope():
+  """In a TF1 graph with TF1 control flow, the name scope of TF 2.4's apply.
+
+  There TF 2.4 built two conditionals, the dynamic scale's update (`cond`)
+  and then the apply (`cond_1`), and an inner optimizer's non-slot variables
+  made in the apply took its name (Adam's `cond_1/beta1_power`): a `Saver`
+  finds them by name. Returns that scope, or None elsewhere (in a function
+  graph, or with TF2 control flow, they are not named after it).
+  """
+  graph = tf.compat.v1.get_default_graph()
+  if tf.executing_eagerly() or graph.building_function or tf.compat.v1.control_flow_v2_enabled():
+    return None
+  graph.unique_name("cond")  # The scale's update.
+  return graph.unique_name("cond") + "/"
 
 
 class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
@@ -256,19 +273,23 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
       self._apply_if_scale_allows, args=(tuple(grads_and_vars), global_step, name)
     )
 
-  def _apply_if_scale_allows(self, strategy, grads_and_vars, global_step, name):
+  def _apply_if_scale_allows(self, strategy, grads_and_vars, global_step=None, name=None):
     """The cross-replica part of `apply_gradients`: one decision for all."""
     name = self.get_name() if name is None else name
     grads = [g for g, _ in grads_and_vars]
+    state = loss_scale_module.dynamic_state(self._loss_scale)
+    apply_scope = _tf24_apply_scope() if state is not None else None
 
     def apply():
-      per_replica_ops = strategy.extended.call_for_each_replica(
-        self._optimizer.apply_gradients,
-        args=(grads_and_vars, global_step, name + "-wrapped"),
-      )
-      return strategy.group(per_replica_ops)
+      with contextlib.ExitStack() as stack:
+        if apply_scope is not None:
+          stack.enter_context(tf.name_scope(apply_scope))
+        per_replica_ops = strategy.extended.call_for_each_replica(
+          self._optimizer.apply_gradients,
+          args=(grads_and_vars, global_step, name + "-wrapped"),
+        )
+        return strategy.group(per_replica_ops)
 
-    state = loss_scale_module.dynamic_state(self._loss_scale)
     if state is not None:
       # Our own update: it runs the apply itself (sharing the check's If op in
       # a function graph).
@@ -276,6 +297,9 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
       return tf.group(update_op, name=name)
     update_scale, should_apply = self._loss_scale.update(grads)
     return tf.group(scale_state.cond(should_apply, apply, tf.no_op), update_scale, name=name)
+
+  # TF's name for it, which callers in a cross-replica context use.
+  _distributed_apply = _apply_if_scale_allows
 
   def minimize(
     self,

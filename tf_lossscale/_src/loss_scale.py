@@ -422,6 +422,14 @@ class DynamicLossScale(LossScale):
     """
     return self._settings.hysteresis
 
+  def _trackable_children(self, save_type="checkpoint", **kwargs):
+    children = super()._trackable_children(save_type, **kwargs)
+    if save_type == "savedmodel" and self._skipped_steps is not None:
+      # A traced update captures it, so a SavedModel holds it; checkpoints
+      # keep TF's keys.
+      children["skipped_steps"] = self._skipped_steps
+    return children
+
   @property
   def skipped_steps(self) -> tf.Variable | None:
     """The number of steps skipped so far, an int64 variable; None in a TF1 graph.
