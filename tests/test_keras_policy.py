@@ -101,6 +101,14 @@ def test_a_dtype_alias_is_its_dtype_as_in_tf24(tf24_policy, alias):
   assert experimental.global_policy().compute_dtype == theirs.compute_dtype
 
 
+def test_policies_compare_and_hash_as_tf24_s(tf24_policy):
+  ours = [experimental.Policy("mixed_float16", 128), experimental.Policy("mixed_float16", None)]
+  theirs = [tf24_policy.PolicyV1("mixed_float16", 128), tf24_policy.PolicyV1("mixed_float16", None)]
+  for policies in (ours, theirs):
+    assert policies[0] == policies[0] and policies[0] != policies[1]
+    assert len({policies[0]: 1, policies[1]: 2}) == 2
+
+
 def test_auto_loss_scale_is_dynamic_for_mixed_float16_only():
   scale = experimental.Policy("mixed_float16").loss_scale
   assert isinstance(scale, tf_lossscale.DynamicLossScale)

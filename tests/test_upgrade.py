@@ -621,6 +621,21 @@ POLICY_CHECKS = {
 }
 
 
+def test_a_name_of_two_imports_is_reported_as_such_even_where_one_has_no_equivalent():
+  source = (
+    "try:\n"
+    "  from tensorflow.keras.mixed_precision import experimental as mixed_precision\n"
+    "except ImportError:\n"
+    "  from tensorflow.keras import mixed_precision\n"
+    "mixed_precision.set_global_policy('mixed_float16')\n"
+  )
+  (finding,) = [f for f in upgrade_source(source).findings if f.line == 5]
+  assert finding.kind == "not rewritten"
+  assert (
+    finding.reason == "`mixed_precision` is also bound on line 4: cannot tell which one this is"
+  )
+
+
 @pytest.mark.parametrize("case", sorted(POLICY_CHECKS))
 def test_a_policy_loss_scale_that_compile_ignores_is_a_check(case):
   source, expected = POLICY_CHECKS[case]

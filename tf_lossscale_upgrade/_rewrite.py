@@ -368,7 +368,8 @@ class _Planner:
     if use.kind == "unknown":
       module = use.name.rsplit(".", 1)[0]
       if module in _names.CLAIMED:
-        self._report(use.node, NOT_REWRITTEN, _dotted(use.node), reason=_no_equivalent(use.name))
+        reason = self._known_through_another_binding(binding, use) or _no_equivalent(use.name)
+        self._report(use.node, NOT_REWRITTEN, _dotted(use.node), reason=reason)
       return False
     if use.kind == "module":
       if use.name in _names.COMPLETE:
@@ -402,6 +403,18 @@ class _Planner:
     self.expressions[use.node] = _dotted_expr(self.prefix + new_name[len(_OURS) :])
     self._report(use.node, REWRITE, old, new=new_name)
     return True
+
+  def _known_through_another_binding(self, binding, use):
+    """Why a use unknown through `binding` may not be what it seems: another
+    binding of its name (`try:` / `except ImportError:` imports) reaches a
+    known name with it. None otherwise."""
+    relative = use.name[len(binding.target) :]
+    for other in use.access.referents:
+      other_binding = None if other is binding.assignment else self._binding(other)
+      if other_binding is not None and other_binding.target + relative in _names.NAMES:
+        line = self._position(other.node)[0]
+        return f"`{other.name}` is also bound on line {line}: cannot tell which one this is"
+    return None
 
   def _unsafe_use(self, binding, use, new_name):
     """Why spelling out `use` would be wrong, or None."""

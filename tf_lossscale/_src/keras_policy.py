@@ -263,6 +263,11 @@ class Policy(_NAME_PARSING_POLICY):
     """
     return self._policy_loss_scale
 
+  # TF 2.4's policies were equal only to themselves, and hashable (dict keys,
+  # sets); Keras 3 compares by name, loss scale aside, and cannot hash.
+  __eq__ = object.__eq__
+  __hash__ = object.__hash__
+
   def __repr__(self):
     return f'<PolicyV1 "{self.name}", loss_scale={self.loss_scale}>'
 
