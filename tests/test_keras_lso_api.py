@@ -196,11 +196,26 @@ def test_experimental_isinstance_both_ways(family):
     (4.5, (False, 4.5, None)),
     (loss_scale.FixedLossScale(7), (False, 7.0, None)),
     (loss_scale.DynamicLossScale(2048, 500), (True, 2048.0, 500)),
+    (loss_scale.serialize(loss_scale.FixedLossScale(8)), (False, 8.0, None)),
+    (loss_scale.serialize(loss_scale.DynamicLossScale(2048, 500)), (True, 2048.0, 500)),
   ],
 )
 def test_experimental_conversions(family, loss_scale_arg, expected):
   opt = ExperimentalLSO(make_inner(family), loss_scale_arg)
   assert (opt.dynamic, opt.initial_scale, opt.dynamic_growth_steps) == expected
+
+
+def test_experimental_takes_a_serialized_loss_scale_as_tf24_s():
+  """TF's own copy of TF 2.4's class, still shipped, as the reference."""
+  tf24 = pytest.importorskip("tensorflow.python.keras.mixed_precision.loss_scale_optimizer")
+  tf24_sgd = pytest.importorskip("tensorflow.python.keras.optimizer_v2.gradient_descent")
+  for config in (
+    {"class_name": "FixedLossScale", "config": {"loss_scale_value": 8.0}},
+    {"class_name": "DynamicLossScale", "config": {"initial_loss_scale": 64.0}},
+  ):
+    theirs = tf24.LossScaleOptimizerV1(tf24_sgd.SGD(), config)
+    ours = ExperimentalLSO(keras.optimizers.SGD(), config)
+    assert (ours.dynamic, float(ours.loss_scale)) == (theirs.dynamic, float(theirs.loss_scale))
 
 
 def test_experimental_errors(family):

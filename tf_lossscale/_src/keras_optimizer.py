@@ -1062,8 +1062,8 @@ def settings_from_legacy_loss_scale(loss_scale, deserializing=False):
 
   Args:
     loss_scale: `'dynamic'`, a number, a `FixedLossScale`, a
-      `DynamicLossScale` (multiplier 2 only), or with `deserializing` a
-      serialized one.
+      `DynamicLossScale` (multiplier 2 only), or a serialized one (as TF
+      2.4's `get` took).
     deserializing: Whether `loss_scale` comes from an old config.
 
   Returns:
@@ -1073,7 +1073,7 @@ def settings_from_legacy_loss_scale(loss_scale, deserializing=False):
     ValueError: For a number that is not finite and > 0, and as the
       experimental `LossScaleOptimizer` documents.
   """
-  if deserializing and isinstance(loss_scale, dict):
+  if isinstance(loss_scale, dict):
     loss_scale = loss_scale_module.deserialize(loss_scale)
   if isinstance(loss_scale, bool) or loss_scale is None:
     pass
