@@ -281,9 +281,7 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     apply_scope = _tf24_apply_scope() if state is not None else None
 
     def apply():
-      with contextlib.ExitStack() as stack:
-        if apply_scope is not None:
-          stack.enter_context(tf.name_scope(apply_scope))
+      with tf.name_scope(apply_scope) if apply_scope else contextlib.nullcontext():
         per_replica_ops = strategy.extended.call_for_each_replica(
           self._optimizer.apply_gradients,
           args=(grads_and_vars, global_step, name + "-wrapped"),
