@@ -108,7 +108,13 @@ def main():
     command = [sys.executable, "-m", "tf_lossscale_upgrade", "--check", "--quiet", "--stats"]
     command += ["--jobs", str(args.jobs), str(project)]
     result = subprocess.run(
-      command, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT))
+      command,
+      capture_output=True,
+      text=True,
+      env=dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+      ),
     )
     print(result.stderr, end="")
     # --check: 1 when a file would change (the corpus copies do).

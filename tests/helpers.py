@@ -44,13 +44,23 @@ def python_blocks(text):
   ]
 
 
+ROOT = str(SCRIPTS.parent)
+
+
+def subprocess_env(**extra):
+  """The environment for a fresh Python that imports this checkout: `os.environ`
+  with the checkout first on `PYTHONPATH`, what was there kept (TensorFlow may
+  be found through it), and `extra` set."""
+  path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+  return dict(os.environ, PYTHONPATH=path, **extra)
+
+
 def run_script(folder, source, data):
   """Runs `source` as `folder`/runner.py, in `folder`, in a fresh Python with this
   checkout first on its path, its one argument a file holding `data` as JSON."""
   (folder / "data.json").write_text(json.dumps(data))
   (folder / "runner.py").write_text(source)
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+  env = subprocess_env()
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   return subprocess.run(
     [sys.executable, "runner.py", "data.json"],

@@ -505,7 +505,7 @@ for mode in t.MODES["compat_v1"]:
 @pytest.mark.slow
 def test_compat_v1_float64_gradient_raises_before_anything_changes():
   script = _FLOAT64_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"))
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+  env = helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3")
   result = subprocess.run(
     [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
   )

@@ -8,7 +8,6 @@ same data (under the default strategy and under MirroredStrategy).
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -550,8 +549,7 @@ TF1_PROGRAM = textwrap.dedent("""
 
 
 def test_tf1_program_with_v2_behavior_disabled_matches_tf_class():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=root)
+  env = helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3")
   result = subprocess.run(
     [sys.executable, "-c", TF1_PROGRAM], capture_output=True, text=True, env=env, check=False
   )
@@ -610,8 +608,7 @@ TF1_ADAM_SAVER_PROGRAM = textwrap.dedent("""
 
 
 def test_tf1_control_flow_names_adam_s_variables_as_tf_class_for_the_saver():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=root)
+  env = helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3")
   result = subprocess.run(
     [sys.executable, "-c", TF1_ADAM_SAVER_PROGRAM],
     capture_output=True,

@@ -178,7 +178,7 @@ def parameter_server_results(tmp_path_factory):
 
   def produce(out):
     command = [sys.executable, job.__file__, "--out", str(out), "--parameter-server"]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.path.dirname(job.ROOT_TESTS))
+    env = helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3")
     # subprocess.run kills the process on timeout or any other exception.
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
@@ -202,7 +202,7 @@ def test_parameter_server_strategy_is_refused_by_name(parameter_server_results, 
 def test_distributed_demo_prints_one_scale_per_step_for_both_workers():
   demo = os.path.join(os.path.dirname(job.ROOT_TESTS), "scripts", "distributed_demo.py")
   command = [sys.executable, demo, "--steps", "8", "--nan-step", "5", "--growth-steps", "4"]
-  env = dict(os.environ, PYTHONPATH=os.path.dirname(job.ROOT_TESTS))
+  env = helpers.subprocess_env()
   done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
   rows = [line.split() for line in done.stdout.splitlines() if line.strip()[:1].isdigit()]

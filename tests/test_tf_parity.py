@@ -288,7 +288,7 @@ print(json.dumps(runs))
 
 def _from_config_in_fresh_process(tf_keras_state):
   """Each of OLD_CONFIGS rebuilt and trained in a new process; tf_keras `absent` or not imported."""
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+  env = helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3")
   result = subprocess.run(
     [sys.executable, "-c", _FROM_CONFIG_SCRIPT, json.dumps(OLD_CONFIGS), tf_keras_state],
     capture_output=True,
