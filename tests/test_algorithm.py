@@ -245,7 +245,13 @@ def test_transition_matches_float32_model(
     scale, counter, finite, growth_steps, multiplier, **options
   )
   assert next_scale.dtype == tf.float32 and next_counter.dtype == tf.int64
-  assert next_scale.numpy() == expected_scale
+  if transition == "jit" and not finite and not fast_paths._cpu_only():
+    # XLA divides float32 on NVIDIA GPUs with PTX's `div.full`, up to 2 ulp
+    # from the rounded quotient, as it did TF 2.4's own `scale / multiplier`
+    # (exact for the default multiplier, 2, and any power of two).
+    np.testing.assert_array_max_ulp(next_scale.numpy(), expected_scale, maxulp=2)
+  else:
+    assert next_scale.numpy() == expected_scale
   assert next_counter.numpy() == expected_counter
   assert np.isfinite(next_scale.numpy())
   if not finite:
