@@ -567,62 +567,6 @@ def test_tf1_program_with_v2_behavior_disabled_matches_tf_class():
 # Adam's non-slot variables take the name scope of the apply's conditional under
 # TF1 control flow (TF 2.4: `cond_1/beta1_power`): a Saver checkpoint moves
 # between TF's class and ours only if ours names them the same.
-TF1_ADAM_SAVER_PROGRAM = textwrap.dedent("""
-    import json, sys, tempfile
-    import tensorflow as tf
-    tf.compat.v1.disable_v2_behavior()
-    import tf_lossscale
-
-    CLASSES = {
-        "ours": tf_lossscale.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer,
-        "tf": tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer,
-    }
-
-    def graph(kind):
-      var = tf.compat.v1.Variable([1.0, 2.0], name="var")
-      m = tf.compat.v1.placeholder(tf.float32, [])
-      opt = CLASSES[kind](tf.compat.v1.train.AdamOptimizer(0.1), "dynamic")
-      return opt.minimize(m * tf.reduce_sum(var * [1.0, -2.0])), m
-
-    def values(sess):
-      return {v.op.name: sess.run(v).tolist() for v in tf.compat.v1.global_variables()}
-
-    results = {}
-    for writer, reader in [("tf", "ours"), ("ours", "tf")]:
-      path = tempfile.mkdtemp() + "/model"
-      with tf.compat.v1.Graph().as_default():
-        train_op, m = graph(writer)
-        with tf.compat.v1.Session() as sess:
-          sess.run(tf.compat.v1.global_variables_initializer())
-          for value in [1.0, float("nan"), 2.0]:
-            sess.run(train_op, {m: value})
-          written = values(sess)
-          tf.compat.v1.train.Saver().save(sess, path)
-      with tf.compat.v1.Graph().as_default():
-        graph(reader)
-        with tf.compat.v1.Session() as sess:
-          tf.compat.v1.train.Saver().restore(sess, path)
-          results[writer + "-to-" + reader] = [written, values(sess)]
-    print(json.dumps(results))
-""")
-
-
-def test_tf1_control_flow_names_adam_s_variables_as_tf_class_for_the_saver():
-  env = helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3")
-  result = subprocess.run(
-    [sys.executable, "-c", TF1_ADAM_SAVER_PROGRAM],
-    capture_output=True,
-    text=True,
-    env=env,
-    check=False,
-  )
-  assert result.returncode == 0, result.stderr[-4000:]
-  runs = json.loads(result.stdout.strip().splitlines()[-1])
-  for written, restored in runs.values():
-    assert written == restored
-    assert {"cond_1/beta1_power", "cond_1/beta2_power", "var/Adam"} <= set(written)
-
-
 def test_distributed_apply_is_tf_s_cross_replica_entry_point():
   """TF's classes have it (its `apply_gradients` docs send callers in a
   cross-replica context there): the same steps as TF's class."""

@@ -499,3 +499,92 @@ def test_experimental_from_config_still_builds_the_experimental_class(family):
     assert float(np.asarray(clone.learning_rate)) == 0.5
     restored.append((clone.dynamic, clone.initial_scale, clone.dynamic_growth_steps))
   assert restored == [(False, 16.0, None), (True, 64.0, 7)]
+
+
+# --- Name-based checkpoints (Saver) of graphs ------------------------------------
+
+_SAVER_PROGRAM = """
+import json, sys, tempfile
+import tensorflow as tf
+if sys.argv[1] == "tf1":
+  tf.compat.v1.disable_v2_behavior()
+import tf_keras
+import tf_lossscale
+
+CLASSES = {
+  ("compat_v1", "theirs"): tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer,
+  ("compat_v1", "ours"): tf_lossscale.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer,
+  ("keras", "theirs"): tf_keras.mixed_precision.LossScaleOptimizer,
+  ("keras", "ours"): tf_lossscale.keras.mixed_precision.LossScaleOptimizer,
+}
+SCOPES = {
+  "none": lambda: tf.compat.v1.name_scope(None),
+  "name_scope": lambda: tf.name_scope("train"),
+  "variable_scope": lambda: tf.compat.v1.variable_scope("train"),
+}
+
+def train_op(family, kind, scope):
+  var = tf.compat.v1.Variable([1.0, 2.0], name="var", use_resource=True)
+  m = tf.compat.v1.placeholder(tf.float32, [])
+  loss = lambda: m * tf.reduce_sum(var * [1.0, -2.0])
+  with SCOPES[scope]():
+    if family == "compat_v1":
+      opt = CLASSES[family, kind](tf.compat.v1.train.AdamOptimizer(0.1), "dynamic")
+      return opt.minimize(loss()), m
+    opt = CLASSES[family, kind](tf_keras.optimizers.legacy.Adam(0.1))
+    return opt.minimize(loss, var_list=[var]), m
+
+def values(sess):
+  return {v.op.name: sess.run(v).tolist() for v in tf.compat.v1.global_variables()}
+
+results = {}
+for family in ("compat_v1", "keras"):
+  for scope in SCOPES:
+    for writer, reader in [("theirs", "ours"), ("ours", "theirs")]:
+      path = tempfile.mkdtemp() + "/model"
+      with tf.Graph().as_default():
+        op, m = train_op(family, writer, scope)
+        with tf.compat.v1.Session() as sess:
+          sess.run(tf.compat.v1.global_variables_initializer())
+          for value in [1.0, float("nan"), 2.0]:
+            sess.run(op, {m: value})
+          written = values(sess)
+          tf.compat.v1.train.Saver().save(sess, path)
+      with tf.Graph().as_default():
+        train_op(family, reader, scope)
+        with tf.compat.v1.Session() as sess:
+          try:
+            tf.compat.v1.train.Saver().restore(sess, path)
+            restored = values(sess)
+          except tf.errors.NotFoundError as e:
+            restored = str(e).splitlines()[0]
+      results[f"{family} {scope} {writer}->{reader}"] = [written, restored]
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.parametrize("control_flow", ["tf1", "tf2"])
+def test_saver_checkpoints_of_graphs_cross_with_tf24_names(control_flow):
+  """A `Saver` finds variables by name: the inner optimizer's variables made
+  in the first apply take TF 2.4's names under a dynamic scale, in a TF1
+  program (`cond_1/...`, TF 2.4's apply conditional) and in a graph with TF2
+  control flow (top-level names, the apply's function graph's), under any
+  scope: checkpoints of TF's compat.v1 class and tf_keras's wrapper restore
+  into ours and back, 2 steps and a skipped one in."""
+  result = subprocess.run(
+    [sys.executable, "-c", _SAVER_PROGRAM, control_flow],
+    capture_output=True,
+    text=True,
+    env=helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3"),
+    check=False,
+  )
+  assert result.returncode == 0, result.stderr[-4000:]
+  runs = json.loads(result.stdout.strip().splitlines()[-1])
+  assert len(runs) == 12
+  for case, (written, restored) in runs.items():
+    assert written == restored, case
+  names = set(runs["compat_v1 name_scope theirs->ours"][0])
+  keras_names = set(runs["keras name_scope theirs->ours"][0])
+  apply_scope = "train/cond_1/" if control_flow == "tf1" else ""
+  assert {apply_scope + "beta1_power", "var/Adam", "train/current_loss_scale"} <= names
+  assert {apply_scope + "Adam/iter", apply_scope + "Adam/var/m"} <= keras_names

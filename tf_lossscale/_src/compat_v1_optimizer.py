@@ -66,22 +66,6 @@ def _checked_gradients(grads_and_vars):
   return pairs
 
 
-def _tf24_apply_scope():
-  """In a TF1 graph with TF1 control flow, the name scope of TF 2.4's apply.
-
-  There TF 2.4 built two conditionals, the dynamic scale's update (`cond`)
-  and then the apply (`cond_1`), and an inner optimizer's non-slot variables
-  made in the apply took its name (Adam's `cond_1/beta1_power`): a `Saver`
-  finds them by name. Returns that scope, or None elsewhere (in a function
-  graph, or with TF2 control flow, they are not named after it).
-  """
-  graph = tf.compat.v1.get_default_graph()
-  if tf.executing_eagerly() or graph.building_function or tf.compat.v1.control_flow_v2_enabled():
-    return None
-  graph.unique_name("cond")  # The scale's update.
-  return graph.unique_name("cond") + "/"
-
-
 class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
   """A `tf.compat.v1.train.Optimizer` that applies loss scaling.
 
@@ -278,10 +262,13 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     name = self.get_name() if name is None else name
     grads = [g for g, _ in grads_and_vars]
     state = loss_scale_module.dynamic_state(self._loss_scale)
-    apply_scope = _tf24_apply_scope() if state is not None else None
+    if state is not None:
+      apply_scope = scale_state.tf24_apply_name_scope()
+    else:
+      apply_scope = contextlib.nullcontext()
 
     def apply():
-      with tf.name_scope(apply_scope) if apply_scope else contextlib.nullcontext():
+      with apply_scope:
         per_replica_ops = strategy.extended.call_for_each_replica(
           self._optimizer.apply_gradients,
           args=(grads_and_vars, global_step, name + "-wrapped"),

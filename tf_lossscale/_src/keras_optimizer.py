@@ -28,6 +28,7 @@ for an OptimizerV2 under CentralStorageStrategy (which must aggregate itself),
 step 1 is left out and step 2 counts each replica's own finiteness instead.
 """
 
+import contextlib
 import inspect
 import threading
 from collections.abc import Callable, Iterable
@@ -828,8 +829,10 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     if self._take_scaled_loss_mark():
       grads = self.get_unscaled_gradients([g for g, _ in grads_and_vars])
       grads_and_vars = list(zip(grads, [v for _, v in grads_and_vars], strict=True))
-    # As the plain optimizer's (Keras 3's builds even for None gradients).
-    self._adapter.build(grads_and_vars)
+    # As the plain optimizer's (Keras 3's builds even for None gradients), in
+    # a graph under the name scope TF 2.4 made them in.
+    with scale_state.tf24_apply_name_scope() if self.dynamic else contextlib.nullcontext():
+      self._adapter.build(grads_and_vars)
     grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
     unknown = self._adapter.unknown_variables([v for _, v in grads_and_vars])
     if unknown:

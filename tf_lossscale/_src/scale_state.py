@@ -11,6 +11,8 @@ cast to the loss's dtype; each gradient by the scale's float32 reciprocal
 cast to its dtype.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 from tf_lossscale._src import algorithm, fast_paths
@@ -24,6 +26,28 @@ def _impl():
 def cond(pred, true_fn, false_fn):
   """`tf.cond`, decided in Python when `pred` is known (eagerly)."""
   return _impl().cond(pred, true_fn, false_fn)
+
+
+def tf24_apply_name_scope():
+  """The name scope of TF 2.4's apply under a dynamic loss scale, in a graph
+  that is not a function's, for a name-based `Saver`: the variables an inner
+  optimizer makes when it first applies are named after it.
+
+  TF 2.4 updated the scale in one conditional (`cond`) and applied in
+  another (`cond_1`). With TF1 control flow those were name scopes of the
+  graph: Adam's `cond_1/beta1_power` (`train/cond_1/...` under a scope
+  `train`), an OptimizerV2's `cond_1/Adam/iter`. With TF2 control flow each
+  branch was a function graph of its own, its names starting at the top:
+  `beta1_power` under any scope. Eagerly and in a function graph no name is
+  saved: nothing changes there.
+  """
+  graph = tf.compat.v1.get_default_graph()
+  if tf.executing_eagerly() or graph.building_function:
+    return contextlib.nullcontext()
+  if tf.compat.v1.control_flow_v2_enabled():
+    return tf.name_scope("")
+  graph.unique_name("cond")  # The scale's update.
+  return tf.name_scope(graph.unique_name("cond") + "/")
 
 
 class DynamicState:
