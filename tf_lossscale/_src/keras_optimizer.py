@@ -829,9 +829,10 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     if self._take_scaled_loss_mark():
       grads = self.get_unscaled_gradients([g for g, _ in grads_and_vars])
       grads_and_vars = list(zip(grads, [v for _, v in grads_and_vars], strict=True))
-    # As the plain optimizer's (Keras 3's builds even for None gradients), in
-    # a graph under the name scope TF 2.4 made them in.
-    with scale_state.tf24_apply_name_scope() if self.dynamic else contextlib.nullcontext():
+    # As the plain optimizer's (Keras 3's builds even for None gradients); in
+    # a graph named as the family's own wrapper named them.
+    in_conditional = self.dynamic and self._family.built_in_apply_conditional
+    with scale_state.tf24_apply_name_scope() if in_conditional else contextlib.nullcontext():
       self._adapter.build(grads_and_vars)
     grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
     unknown = self._adapter.unknown_variables([v for _, v in grads_and_vars])

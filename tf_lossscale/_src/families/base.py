@@ -62,11 +62,16 @@ class Family(abc.ABC):
       step's op outside eager execution, as this framework's optimizers do
       (TF1 graphs run it); else they return None, which a `tf.function` can
       return too.
+    built_in_apply_conditional: Whether the family's own wrapper made the
+      inner optimizer's variables in its apply's conditional under a dynamic
+      scale (TF 2.4's, for an OptimizerV2): in a graph they are then named
+      as there (`scale_state.tf24_apply_name_scope`), for a name-based `Saver`.
   """
 
   optimizer_api = None
   gradient_dtype_must_match = None
   returns_step_op = None
+  built_in_apply_conditional = None
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
@@ -77,7 +82,12 @@ class Family(abc.ABC):
     )
     unset = [
       name
-      for name in ("optimizer_api", "gradient_dtype_must_match", "returns_step_op")
+      for name in (
+        "optimizer_api",
+        "gradient_dtype_must_match",
+        "returns_step_op",
+        "built_in_apply_conditional",
+      )
       if getattr(cls, name) is None
     ]
     if missing or unset:
