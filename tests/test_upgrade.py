@@ -21,6 +21,7 @@ import sysconfig
 
 import pytest
 
+import helpers
 import tf_lossscale
 import tf_lossscale.upgrade
 import tf_lossscale_upgrade
@@ -69,15 +70,9 @@ def _tool(*args, stdin=None, cwd=None):
   return subprocess.CompletedProcess(args, returncode, out, err)
 
 
-def _env(**extra):
-  """os.environ with this checkout first on PYTHONPATH (what was there kept)."""
-  path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-  return dict(os.environ, PYTHONPATH=path, **extra)
-
-
 def _subprocess_tool(*args, cwd=None):
   """Runs `python -m tf_lossscale_upgrade`, a process of its own."""
-  env = _env()
+  env = helpers.subprocess_env()
   return subprocess.run(
     [sys.executable, "-m", "tf_lossscale_upgrade", *args],
     capture_output=True,
@@ -327,7 +322,7 @@ def test_workers_are_spawned_where_this_process_runs_threads():
     capture_output=True,
     text=True,
     check=True,
-    env=_env(),
+    env=helpers.subprocess_env(),
   )
   assert result.stdout == "None\n"  # one thread: the platform's fork, the fastest
 
@@ -385,7 +380,7 @@ def test_python_m_tf_lossscale_upgrade_and_the_console_script():
       input=(CORPUS / "custom_loop.py.txt").read_text(),
       capture_output=True,
       text=True,
-      env=_env(),
+      env=helpers.subprocess_env(),
       timeout=300,
     )
 
@@ -431,7 +426,7 @@ def test_the_tool_never_imports_tensorflow(project):
     [sys.executable, "-c", _NO_TF_PROBE, "--check", "--quiet", str(project)],
     capture_output=True,
     text=True,
-    env=_env(),
+    env=helpers.subprocess_env(),
     timeout=120,
   )
   assert result.stdout == "imported: [] status: 1\n", result.stderr
@@ -996,7 +991,7 @@ def program_outputs(tmp_path_factory):
       [sys.executable, "-c", _RUNNER, *(str(folder / name) for name in runnable)],
       capture_output=True,
       text=True,
-      env=_env(TF_CPP_MIN_LOG_LEVEL="3"),
+      env=helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3"),
       timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]

@@ -41,8 +41,10 @@ def tf24_apply_name_scope():
   `beta1_power` under any scope. Eagerly and in a function graph no name is
   saved: nothing changes there.
   """
+  if tf.executing_eagerly():
+    return contextlib.nullcontext()
   graph = tf.compat.v1.get_default_graph()
-  if tf.executing_eagerly() or graph.building_function:
+  if graph.building_function:
     return contextlib.nullcontext()
   if tf.compat.v1.control_flow_v2_enabled():
     return tf.name_scope("")
