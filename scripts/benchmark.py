@@ -485,6 +485,8 @@ class Config:
   wall_ms: list = dataclasses.field(default_factory=list)
   cpu_ms: list = dataclasses.field(default_factory=list)
   peak_mib: float | None = None
+  # TensorFlow ops one step runs, in a function or TF1 graph (`_ops_run`).
+  ops: int | None = None
   steps_per_block: int = 0
   run: object = dataclasses.field(default=None, repr=False)
   # Waits for what the steps queued on a device (a GPU runs behind the host).
@@ -699,6 +701,42 @@ def _timed(fn):
   return time.perf_counter() - start
 
 
+def _ops_run(step):
+  """The number of ops one call of `step` runs in TensorFlow's executor (a
+  function's or a TF1 graph's: on a GPU each is a kernel launched or a copy,
+  and the host pays for each whatever its size), from a trace of
+  TensorFlow's profiler; None where the trace cannot be read."""
+  try:
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+  except ImportError:
+    return None
+  with tempfile.TemporaryDirectory() as logdir:
+    tf.profiler.experimental.start(logdir)
+    try:
+      step()
+    finally:
+      tf.profiler.experimental.stop()
+    traces = [
+      os.path.join(d, f) for d, _, fs in os.walk(logdir) for f in fs if f.endswith(".xplane.pb")
+    ]
+    if len(traces) != 1:
+      return None
+    space = xplane_pb2.XSpace()
+    with open(traces[0], "rb") as f:
+      space.ParseFromString(f.read())
+  count = 0
+  for plane in space.planes:
+    names = {k: v.name for k, v in plane.event_metadata.items()}
+    for line in plane.lines:
+      if line.name.startswith(
+        "tf_Compute"
+      ):  # The executor's threads: an event per op, "name:Type".
+        count += sum(
+          1 for e in line.events if re.fullmatch(r"[^:]+:\w+", names.get(e.metadata_id, ""))
+        )
+  return count
+
+
 def _families_in(mode, families):
   """The families of `families` that `mode` runs: TF1 Sessions run compat.v1 only."""
   return [f for f in families if mode != "graph" or f == "v1"]
@@ -759,6 +797,8 @@ def run_workload_mode(workload, mode, optimizer, args, log):
       log(f"  {cfg.family:8s} {cfg.impl:5s} {cfg.status}: {cfg.reason}")
       continue
     cfg.steps_per_block = max(1, min(args.max_steps, round(args.block_seconds / max(second, 1e-6))))
+    if mode in ("function", "graph"):
+      cfg.ops = _ops_run(cfg.steps)
     firsts = ", ".join(f"{t:.2f}" for t in cfg.first_calls_s)
     log(f"  {cfg.family:8s} {cfg.impl:5s} first call {firsts} s, step {second * 1e3:8.2f} ms")
   _measure([c for c in configs if c.run is not None], args)
@@ -954,6 +994,7 @@ def detail_table(configs, families, memory_kind, notes):
     "first call s (plain/floor+cond/peer/ours)",
     "first call ours/plain (each)",
     f"peak MiB, {memory_kind} (plain/peer/ours)",
+    "ops run per step (plain/floor+cond/peer/ours)",
   ]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
@@ -969,6 +1010,7 @@ def detail_table(configs, families, memory_kind, notes):
         _num((plain, gated, peer, ours), "first_call_s", ".2f"),
         _first_call_ratio(ours, plain),
         _num((plain, peer, ours), "peak_mib", ".0f"),
+        _num((plain, gated, peer, ours), "ops", "d"),
       ]
       lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)

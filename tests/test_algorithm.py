@@ -169,8 +169,23 @@ def _next_scale_and_counter(
   return algorithm.next_scale_and_counter(scale, counter, finite, settings)
 
 
+def _given_verdict(scale, counter, finite, growth_steps, multiplier, *options):
+  """fast_paths' transition for a verdict and settings known in Python (a
+  branch of the step's conditional), eagerly: exact division."""
+  min_scale, max_scale, hysteresis = (v.numpy().item() for v in options)
+  settings = algorithm.ScaleSettings(
+    growth_steps=int(growth_steps),
+    multiplier=float(multiplier),
+    min_scale=min_scale,
+    max_scale=max_scale,
+    hysteresis=hysteresis,
+  )
+  return fast_paths.next_state_given(bool(finite), scale, counter, settings)
+
+
 TRANSITIONS = {
   "eager": _next_scale_and_counter,
+  "given_verdict": _given_verdict,
   "function": tf.function(_next_scale_and_counter, input_signature=_TRANSITION_SIGNATURE),
   "jit": tf.function(
     _next_scale_and_counter, input_signature=_TRANSITION_SIGNATURE, jit_compile=True

@@ -60,6 +60,9 @@ def test_tiny_run_reports_every_config_in_json_and_markdown(benchmark, tmp_path)
       assert row["median_ms"] > 0 and row["first_call_s"] > 0, key
       assert len(row["first_calls_s"]) == 2, key
       assert row["first_call_s"] == pytest.approx(sum(row["first_calls_s"]) / 2), key
+      # Counted in functions and TF1 graphs, where an executor runs the ops.
+      assert (row["ops"] is None) == (row["mode"] == "eager"), key
+      assert row["ops"] is None or row["ops"] > 0, key
     else:
       assert row["reason"] and row["median_ms"] is None, key
   assert all(row["status"] == "ok" for row in rows.values()), rows  # Floors eagerly too.
@@ -446,3 +449,27 @@ def test_steps_wait_on_a_variable_the_step_updates(benchmark):
   assert not (cfg.wait() == before).all()
   assert (cfg.wait() == variables[-1].numpy()).all()
   assert "wait" not in cfg.to_json()
+
+
+@pytest.mark.parametrize("family", ["keras3", "tf_keras", "v1"])
+def test_ops_run_per_step_count_what_a_step_runs(benchmark, family, monkeypatch):
+  """The executor's ops one step runs (on a GPU each a kernel launch): a
+  step of ours runs its state's transition for its own verdict in the
+  branch taken (`fast_paths._state_in_branches`), at least 15 ops fewer than
+  the transition for either verdict after the conditional did."""
+  from tf_lossscale._src import fast_paths
+
+  args = benchmark.parse_args(["--workloads=tiny", "--modes=function", "--optimizer=momentum"])
+
+  def ops(impl):
+    variables, loss_fn = benchmark.WORKLOADS["tiny"].build()
+    cfg = benchmark.Config("tiny", "function", family, impl, optimizer="momentum")
+    benchmark._prepare(cfg, args, variables, loss_fn)  # pylint: disable=protected-access
+    cfg.steps(2)
+    return benchmark._ops_run(cfg.steps)  # pylint: disable=protected-access
+
+  plain, gated, ours = ops("plain"), ops("gated"), ops("ours")
+  assert 0 < plain < gated < ours  # floor+cond adds the check, ours the scale
+  if fast_paths.enabled():
+    monkeypatch.setattr(fast_paths, "_state_in_branches", lambda: False)
+    assert ops("ours") >= ours + 15

@@ -754,16 +754,15 @@ def _branch_ops(graph, op, attr):
 
 @pytest.mark.parametrize("machine", ["cpu", "gpu"])
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["function", "xla"])
-def test_a_skipped_step_is_counted_outside_the_conditional(
-  family, jit_compile, machine, monkeypatch
-):
-  """The skip branch writes nothing; the step counter gets 1 - finite after the apply.
+def test_where_a_skipped_step_is_counted(family, jit_compile, machine, monkeypatch):
+  """The skip branch writes the scale, its counter and the step counter, and
+  no variable or slot; under XLA on a CPU it writes nothing, and the step
+  counter gets 1 - finite after the apply.
 
   Under XLA on a CPU a skip branch writing the step counter made every variable
   and slot of the apply a select: 2.5 to 3 times the compile time with 100
-  variables. On a GPU selects are what the fast paths want (see
-  `fast_paths._state_in_branches`): there the skip branch writes the scale and
-  its counter, and still neither the variables nor the step counter.
+  variables. Elsewhere only the taken branch runs, and it runs the state's
+  transition for its own verdict alone (see `fast_paths._state_in_branches`).
   """
   monkeypatch.setattr(fast_paths, "_cpu_only", lambda: machine == "cpu")
   var = tf.Variable([1.0, 2.0])
@@ -773,15 +772,17 @@ def test_a_skipped_step_is_counted_outside_the_conditional(
   def step(grad):
     opt.apply_gradients([(grad, var)])
 
-  if jit_compile:
-    # One If, the apply (outside XLA a fast path may nest the exact check's
-    # If, holding the apply, in the else branch of the quick check's).
-    graph = step.get_concrete_function(tf.TensorSpec([2], tf.float32)).graph
-    [cond] = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
-    writes = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"}
-    assert _branch_ops(graph, cond, "then_branch") & writes
-    skip_writes = bool(_branch_ops(graph, cond, "else_branch") & writes)
-    assert skip_writes == (machine == "gpu" and fast_paths.enabled())
+  graph = step.get_concrete_function(tf.TensorSpec([2], tf.float32)).graph
+  # The apply's If: the last (outside XLA on a CPU the check has Ifs of its own).
+  cond = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")][-1]
+  writes = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"}
+  assert _branch_ops(graph, cond, "then_branch") & writes
+  skip_writes = _branch_ops(graph, cond, "else_branch") & writes
+  in_branches = not (machine == "cpu" and jit_compile) and fast_paths.enabled()
+  assert bool(skip_writes) == in_branches
+  if in_branches:
+    # The scale and its counter; the skipped-step count and the step counter.
+    assert skip_writes == {"AssignVariableOp", "AssignAddVariableOp"}
   step(tf.constant([float("nan"), 1.0]))  # skipped: counted, nothing moves
   step(tf.constant([4.0, 4.0]))  # applied: the momentum slot starts at 0
   assert count(opt.iterations) == 2 and count(opt.skipped_steps) == 1

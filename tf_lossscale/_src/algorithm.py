@@ -213,6 +213,7 @@ def update_scale_variables(
   apply_fn=None,
   skip_fn=None,
   skipped_var=None,
+  count_skip=None,
 ):
   """Decides one step: updates the state variables from `grads`.
 
@@ -231,6 +232,9 @@ def update_scale_variables(
       returned op includes it.
     skipped_var: Optional int64 scalar variable, incremented on every
       non-finite step.
+    count_skip: Optional callable taking a scalar bool tensor (the step was
+      skipped) that adds it to a step counter of its own (an inner
+      optimizer's `iterations`); called after the apply.
 
   Returns:
     `(update_op, finite)`: the op assigning the state (and running
@@ -241,7 +245,9 @@ def update_scale_variables(
   if apply_fn is not None:
     ops = [op for op in tf.nest.flatten(cond(finite, apply_fn, skip_fn)) if op is not None]
   next_scale, next_counter = next_scale_and_counter(scale_var, counter_var, finite, settings)
-  update_op = tf.group(
-    *ops, *assign_state(scale_var, counter_var, skipped_var, next_scale, next_counter, finite)
-  )
+  assigns = assign_state(scale_var, counter_var, skipped_var, next_scale, next_counter, finite)
+  if count_skip is not None:
+    with tf.control_dependencies(ops):
+      assigns.append(count_skip(tf.logical_not(finite)))
+  update_op = tf.group(*[op for op in (*ops, *assigns) if op is not None])
   return (None if tf.executing_eagerly() else update_op), finite

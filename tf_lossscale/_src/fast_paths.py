@@ -12,9 +12,11 @@ tf_lossscale turns every one of them off (docs/benchmarks.md measures each).
   it reads small gradients concatenated, and on a CPU large ones by
   products with zeros, which XLA runs as library calls.
 * In a TF1 graph one Switch gates the apply (`switch_cond`); in a function
-  graph the If ops are lowered, as any `tf.cond`'s (`cond`); under XLA on a
-  GPU each branch assigns the state too, so that XLA can turn the
-  conditional into selects (`_state_in_branches`).
+  graph the If ops are lowered, as any `tf.cond`'s (`cond`). Each branch
+  assigns the state for its own verdict, with the fewest ops
+  (`next_state_given`): only the taken one runs, and under XLA on a GPU
+  XLA can then turn the conditional into selects; under XLA on a CPU the
+  state is assigned after the conditional (`_state_in_branches`).
   On a CPU the check has an If of its own: one If for both would trace the apply
   twice (it must run after the quick check and after the exact one), which
   made the first step slower and, called as one traced function, every step
@@ -470,6 +472,7 @@ def update_scale_variables(
   apply_fn=None,
   skip_fn=None,
   skipped_var=None,
+  count_skip=None,
 ):
   """`algorithm.update_scale_variables`, faster: same arguments, same numbers."""
   flat = tf.nest.flatten(grads)
@@ -481,15 +484,16 @@ def update_scale_variables(
     )
     if apply_fn is not None:
       cond(finite, apply_fn, skip_fn)
+    if count_skip is not None and not finite:
+      count_skip(tf.constant(True))
     return None, finite
-  ops = []
   finite = algorithm.replicas_all_finite(flat, grads_in_sync, check=all_finite)
   if apply_fn is not None and _state_in_branches():
-    branches = [
-      _branch_with_state(fn, ok, scale_var, counter_var, skipped_var, settings)
-      for fn, ok in ((apply_fn, True), (skip_fn, False))
-    ]
-    return cond(finite, *branches), finite
+    state = (scale_var, counter_var, skipped_var, settings)
+    apply = _branch_with_state(apply_fn, True, *state, None)
+    skip = _branch_with_state(skip_fn, False, *state, count_skip)
+    return cond(finite, apply, skip), finite
+  ops = []
   if apply_fn is not None:
     ops = [op for op in tf.nest.flatten(cond(finite, apply_fn, skip_fn)) if op is not None]
   state = [tf.convert_to_tensor(scale_var), tf.convert_to_tensor(counter_var), finite]
@@ -500,38 +504,95 @@ def update_scale_variables(
   assigns = algorithm.assign_state(
     scale_var, counter_var, skipped_var, next_scale, next_counter, finite
   )
-  return tf.group(*ops, *assigns), finite
+  if count_skip is not None:
+    with tf.control_dependencies(ops):
+      assigns.append(count_skip(tf.logical_not(finite)))
+  return tf.group(*[op for op in (*ops, *assigns) if op is not None]), finite
 
 
 def _state_in_branches():
-  """Whether the step's conditional also assigns the state, in each branch
-  (under XLA on a machine with a GPU).
+  """Whether each branch of the step's conditional assigns the state for its
+  own verdict: everywhere but under XLA on a CPU.
 
-  XLA turns a conditional whose branches are element-wise into selects, the
-  apply computed and kept or dropped per element, but keeps it when a branch
-  does nothing (XLA's `ConditionalSimplifier`), as a skip that only leaves
-  the variables be does. On a GPU a conditional waits for its predicate on
-  the host, and the host cannot queue the next step meanwhile: at 16.8M
-  parameters in 8 variables with Adam, 0.51 ms a step against a plain step's
-  0.28 (an H100). With the state assigned in both branches, as TF 2.4's
-  `DynamicLossScale` did, the skip branch halves the scale, and the step
-  takes 0.32 ms (docs/benchmarks.md). On a CPU the conditional is the faster.
+  Outside XLA only the taken branch runs, and it knows its verdict: a finite
+  step runs the good step's transition alone (12 ops with TF 2.4's
+  settings), a skipped one the skip's (7, the step counters included), where
+  the transition for either verdict, after the conditional, was 33 ops
+  more on every step. On a GPU each of those is a kernel to launch: ours
+  ran 0.3-0.5 ms a step above floor+cond there (docs/benchmarks.md).
+
+  Under XLA the whole step compiles as one program. XLA turns a conditional
+  whose branches are element-wise into selects, the apply computed and kept
+  or dropped per element, but keeps it when a branch does nothing (XLA's
+  `ConditionalSimplifier`), as a skip that only leaves the variables be
+  does. On a GPU a conditional waits for its predicate on the host, and the
+  host cannot queue the next step meanwhile: at 16.8M parameters in 8
+  variables with Adam, 0.51 ms a step against a plain step's 0.28 (an H100).
+  With the state in both branches, as TF 2.4's `DynamicLossScale` had it,
+  the skip branch halves the scale, and the step takes 0.32 ms. On a CPU
+  the conditional is the faster: there the skip branch writes nothing.
   """
-  return not _cpu_only() and bool(_in_xla())
+  return not (_cpu_only() and _in_xla())
 
 
-def _branch_with_state(fn, finite, scale_var, counter_var, skipped_var, settings):
+def _static(settings):
+  return all(
+    isinstance(getattr(settings, f.name), (int, float)) for f in dataclasses.fields(settings)
+  )
+
+
+def next_state_given(finite, scale, counter, settings):
+  """`algorithm.next_scale_and_counter` for a verdict known in Python: the
+  same numbers from fewer ops, each `tf.where` on the verdict decided here,
+  and, with settings known in Python, what is an identity for them left
+  out: with TF 2.4's (a hysteresis of 1, no cap) the run of non-finite
+  steps and the cap.
+
+  >>> s, c = next_state_given(True, 8., 1, algorithm.ScaleSettings(growth_steps=2))
+  >>> float(s), int(c)
+  (16.0, 0)
+  """
+  if not _static(settings):
+    return algorithm.next_scale_and_counter(scale, counter, tf.constant(finite), settings)
+  scale = tf.convert_to_tensor(scale, tf.float32)
+  counter = tf.convert_to_tensor(counter, tf.int64)
+  # As `algorithm`'s constants, so that a graph rewrite treats both alike.
+  multiplier = tf.cast(settings.multiplier, tf.float32)
+  zero = tf.constant(0, tf.int64)
+  if finite:
+    good = tf.maximum(counter, zero) + 1
+    grows = good >= tf.cast(settings.growth_steps, tf.int64)
+    grown = scale * multiplier
+    grown = tf.where(tf.math.is_finite(grown), grown, scale)
+    if settings.max_scale != float("inf"):
+      grown = tf.minimum(grown, tf.cast(settings.max_scale, tf.float32))
+    return tf.where(grows, grown, scale), tf.where(grows, zero, good)
+  shrunk = tf.maximum(scale / multiplier, tf.cast(settings.min_scale, tf.float32))
+  if settings.hysteresis == 1:
+    return shrunk, zero
+  run = tf.maximum(-counter, zero) + 1
+  hysteresis = tf.cast(settings.hysteresis, tf.int64)
+  return tf.where(run >= hysteresis, shrunk, scale), -tf.minimum(run, hysteresis - 1)
+
+
+def _branch_with_state(fn, finite, scale_var, counter_var, skipped_var, settings, count_skip):
   """`fn` (`apply_fn` or `skip_fn`), then the state's assigns for a step
-  whose gradients are `finite` (a Python bool), as one branch."""
+  whose gradients are `finite` (a Python bool), as one branch; a skip
+  counts itself (`skipped_var`, `count_skip`)."""
 
   def branch():
     done = [op for op in tf.nest.flatten(fn()) if op is not None]
     with tf.control_dependencies(done):
-      verdict = tf.constant(finite)
-      scale, counter = algorithm.next_scale_and_counter(scale_var, counter_var, verdict, settings)
-      return tf.group(
-        *algorithm.assign_state(scale_var, counter_var, skipped_var, scale, counter, verdict)
-      )
+      scale, counter = next_state_given(finite, scale_var, counter_var, settings)
+      ops = [
+        scale_var.assign(scale, read_value=False),
+        counter_var.assign(counter, read_value=False),
+      ]
+      if not finite and skipped_var is not None:
+        ops.append(skipped_var.assign_add(tf.constant(1, tf.int64), read_value=False))
+      if not finite and count_skip is not None:
+        ops.append(count_skip(tf.constant(True)))
+      return tf.group(*[op for op in ops if op is not None])
 
   return branch
 

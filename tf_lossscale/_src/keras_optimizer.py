@@ -888,17 +888,17 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     if not self.dynamic:
       return apply_fn()
     # The cond runs in cross-replica context: the inner optimizer's apply
-    # calls merge_call, which a cond in replica context cannot contain.
-    update_op, finite = self._state.update(
-      grads, grads_in_sync=in_sync, apply_fn=apply_fn, skip_fn=tf.no_op
+    # calls merge_call, which a cond in replica context cannot contain. A
+    # skipped step is counted after it, or in its skip branch: see
+    # `Family.count_skipped_step`.
+    update_op, _ = self._state.update(
+      grads,
+      grads_in_sync=in_sync,
+      apply_fn=apply_fn,
+      skip_fn=tf.no_op,
+      count_skip=self._adapter.count_skipped_step,
     )
-    # After the apply (which counts an applied step itself), on every step:
-    # see `Family.count_skipped_step`.
-    with tf.control_dependencies([] if update_op is None else [update_op]):
-      count_op = self._adapter.count_skipped_step(tf.logical_not(finite))
-    if update_op is None:
-      return None
-    return update_op if count_op is None else tf.group(update_op, count_op)
+    return update_op
 
   # --- Delegation to the inner optimizer -----------------------------------
 

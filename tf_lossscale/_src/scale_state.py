@@ -72,7 +72,7 @@ class DynamicState:
     self.skipped = skipped
 
   @tf.autograph.experimental.do_not_convert
-  def update(self, grads, grads_in_sync=False, apply_fn=None, skip_fn=None):
+  def update(self, grads, grads_in_sync=False, apply_fn=None, skip_fn=None, count_skip=None):
     """Decides one step (see `algorithm.update_scale_variables`)."""
     return _impl().update_scale_variables(
       self.scale,
@@ -83,6 +83,7 @@ class DynamicState:
       apply_fn,
       skip_fn,
       skipped_var=self.skipped,
+      count_skip=count_skip,
     )
 
 

@@ -197,10 +197,11 @@ class Family(abc.ABC):
     """Adds `skipped` (a scalar bool tensor: this step was skipped) to the
     inner optimizer's step counter; returns an op or None.
 
-    Runs on every step, after the conditional apply, never inside it: under
-    XLA a conditional whose skip branch writes a variable compiles as a
-    select per variable and slot of the apply (several times the compile
-    time); an unconditional add of 0 or 1 compiles to one instruction."""
+    Runs in the skip branch of the step's conditional with True, or after
+    the conditional on every step: under XLA on a CPU, where a skip branch
+    that writes a variable compiles as a select per variable and slot of
+    the apply (several times the compile time), and an unconditional add of
+    0 or 1 to one instruction (`fast_paths._state_in_branches`)."""
 
   # --- Hyperparameters, config ---------------------------------------------------
 
