@@ -516,10 +516,10 @@ def _state_in_branches():
 
   Outside XLA only the taken branch runs, and it knows its verdict: a finite
   step runs the good step's transition alone (12 ops with TF 2.4's
-  settings), a skipped one the skip's (7, the step counters included), where
-  the transition for either verdict, after the conditional, was 33 ops
-  more on every step. On a GPU each of those is a kernel to launch: ours
-  ran 0.3-0.5 ms a step above floor+cond there (docs/benchmarks.md).
+  settings), a skipped one the skip's (7, the step counters included): the
+  transition for either verdict after the conditional ran 12 to 20 ops
+  more on every step. On a GPU each op is a kernel to launch, and ours ran
+  0.3-0.5 ms a step above floor+cond there (docs/benchmarks.md).
 
   Under XLA the whole step compiles as one program. XLA turns a conditional
   whose branches are element-wise into selects, the apply computed and kept
