@@ -702,10 +702,9 @@ def _timed(fn):
 
 
 def _ops_run(step):
-  """The number of ops one call of `step` runs in TensorFlow's executor (a
-  function's or a TF1 graph's: on a GPU each is a kernel launched or a copy,
-  and the host pays for each whatever its size), from a trace of
-  TensorFlow's profiler; None where the trace cannot be read."""
+  """The ops one call of `step` runs (a function's or a TF1 graph's), from a
+  trace of TensorFlow's profiler (`_count_ops`); None where there is no trace
+  to read."""
   try:
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
   except ImportError:
@@ -724,17 +723,27 @@ def _ops_run(step):
     space = xplane_pb2.XSpace()
     with open(traces[0], "rb") as f:
       space.ParseFromString(f.read())
+  return _count_ops(space)
+
+
+def _count_ops(space):
+  """The ops in a profiler trace (an `XSpace`): those the executor ran on the
+  host, an event "name:Type" each on its tf_Compute threads, and the kernels
+  and copies a GPU ran, an event each on its stream lines (the host's event
+  of an op run on a GPU names its kernel instead). The host pays for each op
+  and each kernel launch, whatever its size. None where the trace holds neither."""
   count = 0
   for plane in space.planes:
     names = {k: v.name for k, v in plane.event_metadata.items()}
+    on_gpu = plane.name.startswith("/device:GPU:")
     for line in plane.lines:
-      if line.name.startswith(
-        "tf_Compute"
-      ):  # The executor's threads: an event per op, "name:Type".
+      if on_gpu and line.name.startswith("Stream"):
+        count += len(line.events)
+      elif line.name.startswith("tf_Compute"):
         count += sum(
           1 for e in line.events if re.fullmatch(r"[^:]+:\w+", names.get(e.metadata_id, ""))
         )
-  return count
+  return count or None
 
 
 def _families_in(mode, families):

@@ -451,6 +451,31 @@ def test_steps_wait_on_a_variable_the_step_updates(benchmark):
   assert "wait" not in cfg.to_json()
 
 
+def test_ops_counted_on_the_host_and_on_a_gpu(benchmark):
+  """A trace laid out as a GPU's (seen on an H200, TF 2.21): the host's events of
+  ops run on the GPU name kernels, not ops, so the GPU's stream lines count them."""
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+  def plane(name, lines):
+    p = xplane_pb2.XPlane(name=name)
+    for i, (line_name, events) in enumerate(lines):
+      line = p.lines.add(id=i, name=line_name)
+      for event in events:
+        meta = len(p.event_metadata) + 1
+        p.event_metadata[meta].name = event
+        line.events.add(metadata_id=meta)
+    return p
+
+  host_ops = ["mul:Mul", "cond:If", "ThreadpoolListener::StartRegion", "MemoryAllocation"]
+  launches = ["Mul_GPU_DT_FLOAT_DT_FLOAT_kernel", "void cutlass::Kernel2<a>(b)"]
+  host = plane("/host:CPU", [("tf_Compute/1", host_ops + launches), ("python3", ["x:Add"])])
+  gpu = plane("/device:GPU:0", [("Stream #13(Compute)", launches), ("XLA Ops", ["fusion"])])
+  count = benchmark._count_ops  # pylint: disable=protected-access
+  assert count(xplane_pb2.XSpace(planes=[host])) == 2
+  assert count(xplane_pb2.XSpace(planes=[host, gpu])) == 4
+  assert count(xplane_pb2.XSpace(planes=[plane("/host:CPU", [("python3", ["x:Add"])])])) is None
+
+
 @pytest.mark.parametrize("family", ["keras3", "tf_keras", "v1"])
 def test_ops_run_per_step_count_what_a_step_runs(benchmark, family, monkeypatch):
   """The executor's ops one step runs (on a GPU each a kernel launch): a

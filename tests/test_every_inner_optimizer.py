@@ -9,7 +9,9 @@ one's; a step with an Inf moves nothing but the step counter, as TF 2.4's
 wrapper (the plain instance only counts it). Eagerly, in a `tf.function`,
 under XLA, under MirroredStrategy, in `fit` and, for compat.v1 and tf_keras's
 legacy optimizers, in a TF1 graph; with dense gradients and with sparse ones
-(`tf.IndexedSlices`, as an embedding's).
+(`tf.IndexedSlices`, as an embedding's). Under XLA on a GPU, where the skip
+is a select fused with the update, within 2 ulp (`_xla_ulp`); a GPU runs the
+tests with deterministic kernels (conftest.py).
 
 A speed-up kept the apply's If a call of its branch functions in a
 `tf.function` on a CPU: Grappler's arithmetic optimizer then did not rewrite
@@ -27,6 +29,7 @@ import tensorflow as tf
 import tf_keras
 
 import helpers
+from tf_lossscale._src import fast_paths
 from tf_lossscale.compat.v1.mixed_precision import MixedPrecisionLossScaleOptimizer
 from tf_lossscale.keras.mixed_precision import LossScaleOptimizer
 
@@ -130,6 +133,14 @@ def _values(optimizer):
   return [np.asarray(v.numpy()) for v in (variables() if callable(variables) else variables)]
 
 
+def _xla_ulp():
+  """The ulps ours may differ by under XLA: on a GPU the skip is a select XLA
+  fuses with the update (`fast_paths`), whose multiply-adds then round apart
+  from the plain step's; 1 or 2 ulp on an H200 (docs/benchmarks.md, fifteenth
+  section). On a CPU none."""
+  return 0 if fast_paths._cpu_only() else 2  # pylint: disable=protected-access
+
+
 def _assert_same(ours, plain, max_ulp=0):
   assert len(ours) == len(plain)
   for a, b in zip(ours, plain, strict=True):
@@ -137,6 +148,18 @@ def _assert_same(ours, plain, max_ulp=0):
       np.testing.assert_array_max_ulp(a, b, maxulp=max_ulp)
     else:
       np.testing.assert_array_equal(a, b)
+
+
+def _plain_step_or_skip(step, grads, name):
+  """Runs the plain optimizer's step; skips the test where TensorFlow has no
+  kernel for it on this machine (on a GPU, tf_keras's legacy centered RMSprop
+  with sparse gradients: its sparse update runs on CPUs only)."""
+  try:
+    step(grads)
+  except tf.errors.InvalidArgumentError as exc:
+    if "Cannot assign a device" not in str(exc):
+      raise
+    pytest.skip(f"the plain {name} cannot step on this machine: {str(exc).splitlines()[0][:200]}")
 
 
 def _dense(grads, skipped):
@@ -157,7 +180,8 @@ def _sparse(grads, skipped):
 @pytest.mark.parametrize("mode", ["eager", "function", "xla"])
 @pytest.mark.parametrize(("family", "name", "options"), CASES)
 def test_steps_as_the_plain_optimizer(family, name, options, mode):
-  _steps_as_the_plain_optimizer(family, name, options, mode, _dense)
+  max_ulp = _xla_ulp() if mode == "xla" else 0
+  _steps_as_the_plain_optimizer(family, name, options, mode, _dense, max_ulp)
 
 
 @pytest.mark.parametrize("mode", ["eager", "function", "xla"])
@@ -171,7 +195,7 @@ def test_steps_with_sparse_gradients_as_the_plain_optimizer(family, name, option
   # otherwise inside a conditional, Keras 3's own wrapper's too: 1 ulp apart.
   version = tuple(int(x) for x in tf.__version__.split(".")[:2])
   loose = mode == "xla" and family == "keras3" and name in ("RMSprop", "Adadelta")
-  max_ulp = 1 if loose and version < (2, 20) else 0
+  max_ulp = max(1 if loose and version < (2, 20) else 0, _xla_ulp() if mode == "xla" else 0)
   _steps_as_the_plain_optimizer(family, name, options, mode, _sparse, max_ulp)
 
 
@@ -198,11 +222,11 @@ def _steps_as_the_plain_optimizer(family, name, options, mode, to_tensors, max_u
     step_ours = tf.function(step_ours, jit_compile=mode == "xla")
     step_plain = tf.function(step_plain, jit_compile=mode == "xla")
   for i, grads in enumerate(_gradients()):
-    step_ours(to_tensors(grads, i == SKIPPED))
     if i == SKIPPED:
       plain.iterations.assign_add(1)
     else:
-      step_plain(to_tensors(grads, False))
+      _plain_step_or_skip(step_plain, to_tensors(grads, False), name)
+    step_ours(to_tensors(grads, i == SKIPPED))
   if options.get("use_ema"):
     ours.finalize_variable_values(ours_vars)
     plain.finalize_variable_values(plain_vars)
@@ -301,7 +325,7 @@ def test_compat_v1_steps_as_the_plain_optimizer(cls, options, mode):
       ours_state = [v.numpy() for v in _v1_state(ours_inner, ours_vars)]
       plain_state = [v.numpy() for v in _v1_state(plain, plain_vars)]
   assert len(ours_state) > len(ours_vars)  # Each of these has slots.
-  _assert_same(ours_state, plain_state)
+  _assert_same(ours_state, plain_state, _xla_ulp() if mode == "xla" else 0)
 
 
 @pytest.mark.parametrize(
@@ -359,4 +383,4 @@ def test_fit_steps_as_the_plain_optimizer(family, name, jit_compile):
   cls = getattr(MODULES[family], name)
   framework = keras if family == "keras3" else tf_keras
   ours = _fit_weights(framework, LossScaleOptimizer(cls()), jit_compile)
-  _assert_same(ours, _fit_weights(framework, cls(), jit_compile))
+  _assert_same(ours, _fit_weights(framework, cls(), jit_compile), _xla_ulp() if jit_compile else 0)

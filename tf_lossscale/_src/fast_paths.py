@@ -484,8 +484,7 @@ def update_scale_variables(
     )
     if apply_fn is not None:
       cond(finite, apply_fn, skip_fn)
-    if count_skip is not None and not finite:
-      count_skip(tf.constant(True))
+    _count_if_skipped(count_skip, finite)
     return None, finite
   finite = algorithm.replicas_all_finite(flat, grads_in_sync, check=all_finite)
   if apply_fn is not None and _state_in_branches():
@@ -504,11 +503,18 @@ def update_scale_variables(
   assigns = algorithm.assign_state(
     scale_var, counter_var, skipped_var, next_scale, next_counter, finite
   )
-  known = tf.get_static_value(finite)  # Eagerly: a finite step counts nothing.
-  if count_skip is not None and not known:
-    with tf.control_dependencies(ops):
-      assigns.append(count_skip(tf.logical_not(finite) if known is None else tf.constant(True)))
+  with tf.control_dependencies(ops):
+    assigns.append(_count_if_skipped(count_skip, finite))
   return tf.group(*[op for op in (*ops, *assigns) if op is not None]), finite
+
+
+def _count_if_skipped(count_skip, finite):
+  """Counts a skipped step with `count_skip`, if given: in a graph by `not
+  finite` (0 or 1); eagerly, where the verdict is known, a skipped step only."""
+  known = tf.get_static_value(finite)
+  if count_skip is None or known:
+    return None
+  return count_skip(tf.logical_not(finite) if known is None else tf.constant(True))
 
 
 def _state_in_branches():
