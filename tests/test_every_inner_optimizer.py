@@ -10,8 +10,8 @@ wrapper (the plain instance only counts it). Eagerly, in a `tf.function`,
 under XLA, under MirroredStrategy, in `fit` and, for compat.v1 and tf_keras's
 legacy optimizers, in a TF1 graph; with dense gradients and with sparse ones
 (`tf.IndexedSlices`, as an embedding's). Under XLA on a GPU, where the skip
-is a select fused with the update, within 2 ulp (`_xla_ulp`); a GPU runs the
-tests with deterministic kernels (conftest.py).
+is a select fused with the update, a step within 2 ulp (`_xla_ulp`); a GPU
+runs the tests with deterministic kernels (conftest.py).
 
 A speed-up kept the apply's If a call of its branch functions in a
 `tf.function` on a CPU: Grappler's arithmetic optimizer then did not rewrite
@@ -134,9 +134,10 @@ def _values(optimizer):
 
 
 def _xla_ulp():
-  """The ulps ours may differ by under XLA: on a GPU the skip is a select XLA
-  fuses with the update (`fast_paths`), whose multiply-adds then round apart
-  from the plain step's; 1 or 2 ulp on an H200 (docs/benchmarks.md, fifteenth
+  """The ulps a step of ours may differ by under XLA: on a GPU the skip is a
+  select XLA fuses with the update (`fast_paths`), whose multiply-adds then
+  round apart from the plain step's (1 ulp on an H200, where the same steps
+  in a `tf.function` matched bit for bit: docs/benchmarks.md, fifteenth
   section). On a CPU none."""
   return 0 if fast_paths._cpu_only() else 2  # pylint: disable=protected-access
 
@@ -157,7 +158,7 @@ def _plain_step_or_skip(step, grads, name):
   try:
     step(grads)
   except tf.errors.InvalidArgumentError as exc:
-    if "Cannot assign a device" not in str(exc):
+    if fast_paths._cpu_only() or "Cannot assign a device" not in str(exc):  # pylint: disable=protected-access
       raise
     pytest.skip(f"the plain {name} cannot step on this machine: {str(exc).splitlines()[0][:200]}")
 
@@ -383,4 +384,4 @@ def test_fit_steps_as_the_plain_optimizer(family, name, jit_compile):
   cls = getattr(MODULES[family], name)
   framework = keras if family == "keras3" else tf_keras
   ours = _fit_weights(framework, LossScaleOptimizer(cls()), jit_compile)
-  _assert_same(ours, _fit_weights(framework, cls(), jit_compile), _xla_ulp() if jit_compile else 0)
+  _assert_same(ours, _fit_weights(framework, cls(), jit_compile))

@@ -509,10 +509,13 @@ def update_scale_variables(
 
 
 def _count_if_skipped(count_skip, finite):
-  """Counts a skipped step with `count_skip`, if given: in a graph by `not
-  finite` (0 or 1); eagerly, where the verdict is known, a skipped step only."""
+  """Calls `count_skip`, if given, with whether the step was skipped: in a
+  graph `not finite`; eagerly, where the verdict is known, on a skipped step
+  only."""
+  if count_skip is None:
+    return None
   known = tf.get_static_value(finite)
-  if count_skip is None or known:
+  if known:
     return None
   return count_skip(tf.logical_not(finite) if known is None else tf.constant(True))
 
