@@ -612,6 +612,22 @@ POLICY_CHECKS = {
       (10, "mp.set_policy"),  # Unknown.
     ],
   ),
+  "arguments unpacked": (
+    "from tensorflow.keras.mixed_precision import experimental as mp\n"
+    "policy = mp.Policy(*args)\n"
+    "policy = mp.Policy('mixed_float16', **options)\n"
+    "policy = mp.Policy('mixed_float16', *rest, loss_scale=None)\n"
+    "policy = mp.Policy(*names)\n"
+    "mp.set_policy(mp.Policy('float32', *rest))\n",
+    [
+      (2, "mp.Policy"),  # The loss scale may be among them.
+      (3, "mp.Policy"),
+      (4, "mp.Policy"),  # A loss scale given, if None: left to a person.
+      (5, "mp.Policy"),
+      (6, "mp.set_policy"),
+      (6, "mp.Policy"),
+    ],
+  ),
   "keras 3's set_global_policy beside": (
     "from tensorflow.keras import mixed_precision\n"
     "mixed_precision.set_global_policy('mixed_float16')\n"

@@ -598,8 +598,11 @@ def _argument(call, position, keyword):
 
 
 def _given_loss_scale(policy_call):
-  """Whether an experimental `Policy(...)` call passes a loss scale."""
-  return _argument(policy_call, 1, "loss_scale") is not None
+  """Whether an experimental `Policy(...)` call passes a loss scale, or may:
+  arguments unpacked (`*args`, `**kwargs`) may hold one."""
+  return _argument(policy_call, 1, "loss_scale") is not None or any(
+    arg.star for arg in policy_call.args
+  )
 
 
 def _without_loss_scale(policy):
