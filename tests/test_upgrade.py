@@ -550,6 +550,23 @@ CASES = {
     "# Copyright 2020\nimport tf_lossscale\ndef f():\n  import tensorflow as tf\n"
     "  return tf_lossscale.mixed_precision.experimental.LossScale\n",
   ),
+  "scale_loss named but not called: TF 2.4 code": (
+    "import tensorflow as tf\n"
+    "flags.DEFINE_bool('scale_loss', True, 'call opt.scale_loss(loss)?')  # .scale_loss(\n"
+    "if FLAGS.scale_loss:\n"
+    "  opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)\n",
+    "import tensorflow as tf\n"
+    "import tf_lossscale\n"
+    "flags.DEFINE_bool('scale_loss', True, 'call opt.scale_loss(loss)?')  # .scale_loss(\n"
+    "if FLAGS.scale_loss:\n"
+    "  opt = tf_lossscale.keras.mixed_precision.LossScaleOptimizer(opt)\n",
+  ),
+  "scale_loss called: Keras 3 code": (
+    "import tensorflow as tf\n"
+    "opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)\n"
+    "loss = opt.scale_loss(loss)  # not opt.get_scaled_loss(loss)\n",
+    None,
+  ),
   "windows line endings": (
     "import tensorflow as tf\r\nx = tf.mixed_precision.experimental.LossScale\r\n",
     "import tensorflow as tf\r\nimport tf_lossscale\r\n"

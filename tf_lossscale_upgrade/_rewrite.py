@@ -76,7 +76,6 @@ class Result:
 # Keras 3 code (TF >= 2.16) that already uses Keras 3's own LossScaleOptimizer:
 # its training-loop protocol is `scale_loss`, TF 2.4's was get_scaled_loss/get_unscaled_gradients.
 _KERAS3_PROTOCOL = re.compile(r"\.\s*scale_loss\b")
-_TF24_PROTOCOL = re.compile(r"\b(get_scaled_loss|get_unscaled_gradients)\b")
 _KERAS_LSO = frozenset(
   f"{root}.keras.mixed_precision.LossScaleOptimizer"
   for root in ("tensorflow", "tensorflow.compat.v1", "tensorflow.compat.v2")
@@ -113,7 +112,7 @@ def upgrade_source(code):
 def upgrade_parsed(code):
   """`upgrade_source` without the pre-filter (for callers that ran it already)."""
   module = cst.parse_module(code)
-  plan = _Planner(module, keras3_code=_is_keras3_code(code))
+  plan = _Planner(module, keras3_code=_is_keras3_code(code, module))
   plan.run()
   if not plan.changes():
     return Result(code, tuple(plan.findings))
@@ -121,8 +120,31 @@ def upgrade_parsed(code):
   return Result(new_module.code, tuple(plan.findings))
 
 
-def _is_keras3_code(code):
-  return bool(_KERAS3_PROTOCOL.search(code)) and not _TF24_PROTOCOL.search(code)
+def _is_keras3_code(code, module):
+  """Whether `module` calls `<expr>.scale_loss(...)` and uses neither
+  `get_scaled_loss` nor `get_unscaled_gradients` (in code: a flag, a string or
+  a comment naming them does not count). The text search spares most files the walk."""
+  if not _KERAS3_PROTOCOL.search(code):
+    return False
+  finder = _ProtocolFinder()
+  module.visit(finder)
+  return finder.keras3 and not finder.tf24
+
+
+class _ProtocolFinder(cst.CSTVisitor):
+  """Which loss-scaling protocol a module's code uses."""
+
+  def __init__(self):
+    super().__init__()
+    self.keras3 = self.tf24 = False
+
+  def visit_Call(self, node):
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value == "scale_loss":
+      self.keras3 = True
+
+  def visit_Attribute(self, node):
+    if node.attr.value in ("get_scaled_loss", "get_unscaled_gradients"):
+      self.tf24 = True
 
 
 def _dotted(node):
