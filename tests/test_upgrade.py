@@ -655,6 +655,78 @@ POLICY_CHECKS = {
 }
 
 
+COMPILE_WRAPS_REASON = (
+  "under 'mixed_float16' Keras 3's `Model.compile` wraps a plain optimizer in Keras 3's own "
+  "LossScaleOptimizer (no `get_scaled_loss`/`get_unscaled_gradients`, Keras 3's checkpoint "
+  "layout), where TF 2.4's wrapped it in tf.keras.mixed_precision.LossScaleOptimizer, and this "
+  "file uses TF 2.4's protocol: where it expects TF 2.4's optimizer from `compile` (an "
+  "`isinstance(self.optimizer, LossScaleOptimizer)` in a `train_step`), pass "
+  "`LossScaleOptimizer(optimizer)` from tf_lossscale.keras.mixed_precision to `compile`"
+)
+
+TRAIN_STEP = (
+  "class Model(tf.keras.Model):\n"
+  "  def train_step(self, data):\n"
+  "    if isinstance(self.optimizer, mixed_precision.LossScaleOptimizer):\n"
+  "      loss = self.optimizer.get_scaled_loss(loss)\n"
+  "model.compile(optimizer='adam', loss='mse')\n"
+)
+
+# The global policy of TF 2.4's non-experimental API in a file that compiles a
+# model and uses TF 2.4's protocol: {case: (code, [(line, old)])} of the `check`
+# findings.
+GLOBAL_POLICY_CHECKS = {
+  "import rewritten": (
+    "import tensorflow as tf\n"
+    "from tensorflow.keras import mixed_precision\n"
+    "mixed_precision.set_global_policy('mixed_float16')\n" + TRAIN_STEP,
+    [(3, "mixed_precision.set_global_policy")],
+  ),
+  "left alone": (
+    "import tensorflow as tf\n"
+    "from tensorflow.keras import mixed_precision\n"
+    "tf.keras.mixed_precision.set_global_policy(mixed_precision.Policy('mixed_float16'))\n"
+    "mixed_precision.set_global_policy(policy)\n"
+    "mixed_precision.set_global_policy('float32')\n"
+    "mixed_precision.set_global_policy(mixed_precision.Policy(name='mixed_bfloat16'))\n"
+    "mixed_precision.set_global_policy(None)\n" + TRAIN_STEP,
+    [(3, "tf.keras.mixed_precision.set_global_policy"), (4, "mixed_precision.set_global_policy")],
+  ),
+  "a name import": (
+    "import tensorflow as tf\n"
+    "from tensorflow.keras.mixed_precision import set_global_policy\n"
+    "set_global_policy('mixed_float16')\n"
+    "model.compile(optimizer=opt)\n"
+    "grads = opt.get_unscaled_gradients(grads)\n",
+    [(3, "set_global_policy")],
+  ),
+  "no compile: a custom loop": (
+    "import tensorflow as tf\n"
+    "tf.keras.mixed_precision.set_global_policy('mixed_float16')\n"
+    "opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)\n"
+    "loss = opt.get_scaled_loss(loss)\n",
+    [],
+  ),
+  "compile without TF 2.4's protocol in code": (
+    "import tensorflow as tf\n"
+    "tf.keras.mixed_precision.set_global_policy('mixed_float16')\n"
+    "model.compile(optimizer='adam')  # no opt.get_scaled_loss(loss) here\n",
+    [],
+  ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GLOBAL_POLICY_CHECKS))
+def test_a_global_policy_whose_compile_wraps_keras3_optimizer_is_a_check(case):
+  source, expected = GLOBAL_POLICY_CHECKS[case]
+  reported = [
+    (f.line, f.kind, f.old, f.reason)
+    for f in upgrade_source(source).findings
+    if f.kind != "rewrite"
+  ]
+  assert reported == [(line, "check", old, COMPILE_WRAPS_REASON) for line, old in expected]
+
+
 def test_a_name_of_two_imports_is_reported_as_such_even_where_one_has_no_equivalent():
   source = (
     "try:\n"

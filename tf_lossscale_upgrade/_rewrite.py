@@ -75,7 +75,7 @@ class Result:
 
 # Keras 3 code (TF >= 2.16) that already uses Keras 3's own LossScaleOptimizer:
 # its training-loop protocol is `scale_loss`, TF 2.4's was get_scaled_loss/get_unscaled_gradients.
-_KERAS3_PROTOCOL = re.compile(r"\.\s*scale_loss\b")
+_PROTOCOL_WORDS = re.compile(r"\.\s*(scale_loss|get_scaled_loss|get_unscaled_gradients)\b")
 _KERAS_LSO = frozenset(
   f"{root}.keras.mixed_precision.LossScaleOptimizer"
   for root in ("tensorflow", "tensorflow.compat.v1", "tensorflow.compat.v2")
@@ -112,7 +112,12 @@ def upgrade_source(code):
 def upgrade_parsed(code):
   """`upgrade_source` without the pre-filter (for callers that ran it already)."""
   module = cst.parse_module(code)
-  plan = _Planner(module, keras3_code=_is_keras3_code(code, module))
+  protocol = _protocol(code, module)
+  plan = _Planner(
+    module,
+    keras3_code=protocol.keras3 and not protocol.tf24,
+    tf24_compile=protocol.tf24 and protocol.compiles,
+  )
   plan.run()
   if not plan.changes():
     return Result(code, tuple(plan.findings))
@@ -120,27 +125,30 @@ def upgrade_parsed(code):
   return Result(new_module.code, tuple(plan.findings))
 
 
-def _is_keras3_code(code, module):
-  """Whether `module` calls `<expr>.scale_loss(...)` and uses neither
-  `get_scaled_loss` nor `get_unscaled_gradients` (in code: a flag, a string or
-  a comment naming them does not count). The text search spares most files the walk."""
-  if not _KERAS3_PROTOCOL.search(code):
-    return False
+def _protocol(code, module):
+  """Which loss-scaling protocol `module`'s code uses (see `_ProtocolFinder`);
+  a flag, a string or a comment of the name does not count. A text search
+  spares most files the walk."""
   finder = _ProtocolFinder()
-  module.visit(finder)
-  return finder.keras3 and not finder.tf24
+  if _PROTOCOL_WORDS.search(code):
+    module.visit(finder)
+  return finder
 
 
 class _ProtocolFinder(cst.CSTVisitor):
-  """Which loss-scaling protocol a module's code uses."""
+  """`keras3`: the code calls `<expr>.scale_loss(...)` (Keras 3's protocol);
+  `tf24`: it names `get_scaled_loss` or `get_unscaled_gradients` as an
+  attribute (TF 2.4's); `compiles`: it calls `<expr>.compile(...)`."""
 
   def __init__(self):
     super().__init__()
-    self.keras3 = self.tf24 = False
+    self.keras3 = self.tf24 = self.compiles = False
 
   def visit_Call(self, node):
-    if isinstance(node.func, cst.Attribute) and node.func.attr.value == "scale_loss":
-      self.keras3 = True
+    if isinstance(node.func, cst.Attribute):
+      called = node.func.attr.value
+      self.keras3 = self.keras3 or called == "scale_loss"
+      self.compiles = self.compiles or called == "compile"
 
   def visit_Attribute(self, node):
     if node.attr.value in ("get_scaled_loss", "get_unscaled_gradients"):
@@ -184,7 +192,7 @@ class _Use:
 class _Planner:
   """Decides every rewrite of one module; `_Applier` then performs them."""
 
-  def __init__(self, module, keras3_code):
+  def __init__(self, module, keras3_code, tf24_compile):
     self.wrapper = metadata.MetadataWrapper(module, unsafe_skip_copy=True)
     analysis = _bindings.analyse(module)
     self.parents, self._order = analysis.parents, analysis.order
@@ -195,6 +203,7 @@ class _Planner:
       self.scopes = list({scope for scope in scopes if scope is not None})
     self._positions = None  # computed when first needed: most files report nothing
     self.keras3_code = keras3_code
+    self.tf24_compile = tf24_compile  # TF 2.4's protocol and a `compile` call in one file
     self.findings = []
     self.expressions = {}  # node -> replacement expression (dotted name)
     self.aliases = {}  # ImportAlias -> new fully qualified name it imports
@@ -358,6 +367,7 @@ class _Planner:
     """`from tensorflow.keras.mixed_precision import LossScaleOptimizer [as X]`."""
     target = _names.NAMES[binding.target]
     if target.alive:
+      self._check(self._uses(binding), alive=True)
       return
     if binding.target in _KERAS_LSO and self.keras3_code:
       self._report(binding.alias, NOT_REWRITTEN, binding.target, reason=_KERAS3_REASON)
@@ -407,6 +417,7 @@ class _Planner:
       return False
     target = _names.NAMES[use.name]
     if target.alive:
+      self._check([use], alive=True)
       return False
     if use.name in _KERAS_LSO and self.keras3_code:
       self._report(use.node, NOT_REWRITTEN, _dotted(use.node), reason=_KERAS3_REASON)
@@ -466,10 +477,12 @@ class _Planner:
       return "assigned to or deleted: patching TensorFlow's module cannot be migrated"
     return None
 
-  def _check(self, uses):
-    """Reports the rewritten `uses` that still need a person's look."""
+  def _check(self, uses, alive=False):
+    """Reports the rewritten `uses` (`alive`: left alone, today's TensorFlow
+    has them) that still need a person's look."""
     for use in uses:
-      for reason in (self._private_overrides(use), self._compile_ignores_loss_scale(use)):
+      overrides = None if alive else self._private_overrides(use)
+      for reason in (overrides, self._compile_ignores_loss_scale(use)):
         if reason:
           self._report(use.node, CHECK, _dotted(use.node), reason=reason)
 
@@ -512,6 +525,9 @@ class _Planner:
       return None if _without_loss_scale(policy) else _COMPILE_REASON
     if target.name == _EXPERIMENTAL_POLICY and called and _given_loss_scale(call):
       return _COMPILE_REASON
+    if target.name == _SET_GLOBAL_POLICY and self.tf24_compile:
+      policy = _argument(call, 0, "policy") if called else None
+      return None if _not_mixed_float16(policy) else _COMPILE_WRAPS_REASON
     return None
 
   def _rewrite_alias(self, binding, new_name):
@@ -600,6 +616,15 @@ _KERAS3_REASON = (
 
 _SET_POLICY = "tf_lossscale.keras.mixed_precision.experimental.set_policy"
 _EXPERIMENTAL_POLICY = "tf_lossscale.keras.mixed_precision.experimental.Policy"
+_SET_GLOBAL_POLICY = "tf_lossscale.keras.mixed_precision.set_global_policy"
+_COMPILE_WRAPS_REASON = (
+  "under 'mixed_float16' Keras 3's `Model.compile` wraps a plain optimizer in Keras 3's own "
+  "LossScaleOptimizer (no `get_scaled_loss`/`get_unscaled_gradients`, Keras 3's checkpoint "
+  "layout), where TF 2.4's wrapped it in tf.keras.mixed_precision.LossScaleOptimizer, and this "
+  "file uses TF 2.4's protocol: where it expects TF 2.4's optimizer from `compile` (an "
+  "`isinstance(self.optimizer, LossScaleOptimizer)` in a `train_step`), pass "
+  "`LossScaleOptimizer(optimizer)` from tf_lossscale.keras.mixed_precision to `compile`"
+)
 _COMPILE_REASON = (
   "Keras 3's `Model.compile` does not wrap the optimizer with the policy's loss scale "
   "(under 'mixed_float16' it adds Keras 3's own LossScaleOptimizer instead): pass "
@@ -639,6 +664,16 @@ def _without_loss_scale(policy):
     if called != "Policy" or _given_loss_scale(policy):
       return False
     policy = _argument(policy, 0, "name")
+  return isinstance(policy, cst.SimpleString) and policy.evaluated_value != "mixed_float16"
+
+
+def _not_mixed_float16(policy):
+  """Whether a `set_global_policy` argument is, as written, a policy other than
+  'mixed_float16': None, another name, or a `Policy(name)` of another name."""
+  if isinstance(policy, cst.Call):
+    policy = _argument(policy, 0, "name")
+  if isinstance(policy, cst.Name):
+    return policy.value == "None"
   return isinstance(policy, cst.SimpleString) and policy.evaluated_value != "mixed_float16"
 
 
