@@ -167,6 +167,33 @@ def test_notebook_with_string_sources_and_its_own_layout(tmp_path):
   assert f"{path}:cell_3:1:7: tf.keras.mixed_precision.LossScaleOptimizer" in result.stderr
 
 
+def test_notebook_cells_with_ipython_syntax_are_rewritten_or_reported():
+  from tf_lossscale_upgrade import _notebook
+
+  lso = "tf.keras.mixed_precision.experimental.LossScaleOptimizer(o, 'dynamic')"
+  ours = "tf_lossscale.keras.mixed_precision.experimental.LossScaleOptimizer(o, 'dynamic')"
+  cells = [
+    "import tensorflow as tf\ntf.keras.mixed_precision?",  # help
+    f"%%time\nopt = {lso}",  # a cell magic that runs Python
+    f'def make():\n  """Why wrap?\n  Underflow."""\n  return {lso}',  # `?` ending a docstring line
+    f"new = (tf.__version__\n       != '2.4.0')\n!nvidia-smi\nopt = {lso}",  # `!=` continued
+    f'print("%s"\n      % tf.__version__)\nopt = {lso}',  # `%` continued: Python as it is
+    "%%bash\necho tf.keras.mixed_precision.experimental.LossScaleOptimizer",  # not Python
+    "%%bash\necho nothing to see",
+  ]
+  notebook = {"nbformat": 4, "cells": [{"cell_type": "code", "source": c} for c in cells]}
+  changed, findings = _notebook.Notebook(json.dumps(notebook)).upgrade()
+  assert changed == {
+    0: "import tensorflow as tf\nimport tf_lossscale\ntf.keras.mixed_precision?",
+    1: cells[1].replace(lso, ours),
+    2: cells[2].replace(lso, ours),
+    3: cells[3].replace(lso, ours),
+    4: cells[4].replace(lso, ours),
+  }
+  left = [(cell, f.line, f.kind, f.old, f.reason) for cell, f in findings if f.kind != "rewrite"]
+  assert left == [(5, 1, "not rewritten", "%%bash", _notebook._LEFT_OUT)]
+
+
 # The command line ---------------------------------------------------------------
 
 

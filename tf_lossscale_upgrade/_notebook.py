@@ -2,8 +2,11 @@
 
 The cells are analysed together (an import in one cell serves the others), so
 they are joined with a marker comment between them. IPython syntax that is not
-Python (`%magic`, `!shell`, `x?`) is masked as a comment first and restored
-after; a cell that still does not parse (a `%%bash` cell, say) is left out.
+Python (`%magic`, `!shell`, `x?`, a cell magic's line) is masked as a comment
+first and restored after; the body of a cell magic that runs Python (`%%time`,
+`%%capture`, ...) is read as Python. Another cell magic's cell (`%%bash`,
+`%%writefile`), or a cell that still does not parse, is left out, and reported
+where it names a loss-scaling word.
 """
 
 import json
@@ -15,7 +18,13 @@ from tf_lossscale_upgrade import _prefilter, _rewrite
 
 _BOUNDARY = "# tf-lossscale-upgrade: cell {}"
 _MASK = "# tf-lossscale-upgrade: ipython {}"
-_IPYTHON_LINE = re.compile(r"^\s*[%!]|\?\s*$")
+# `%magic`, `!shell` (not a line continuing with `!=`), `obj?`, `?obj`, `obj??`.
+_IPYTHON_LINE = re.compile(r"^\s*(%|!(?!=)|\?{1,2}[\w.]+\s*$|[\w.]+(\(\))?\s*\?{1,2}\s*$)")
+_PYTHON_CELL_MAGICS = frozenset(("time", "timeit", "capture", "prun", "debug"))
+_LEFT_OUT = (
+  "a cell the tool cannot read as Python (a cell magic, or IPython syntax it does not know) "
+  "that names a loss-scaling word: migrate its uses by hand"
+)
 
 
 def is_notebook(text):
@@ -60,12 +69,22 @@ class Notebook:
     """
     if not self.worth_parsing():
       return {}, []
-    masked_cells, masks = {}, {}
+    masked_cells, masks, left_out = {}, {}, []
     for index in self.code_cells:
-      masked, cell_masks = _mask(self.cell_source(index), first=len(masks))
-      if _parses(masked):
+      source = self.cell_source(index)
+      masked, cell_masks = _mask(source, first=len(masks))
+      python = _cell_magic(source) in _PYTHON_CELL_MAGICS | {None}
+      if python and _parses(masked):
         masked_cells[index] = masked
         masks.update(cell_masks)
+      elif python and _parses(source):  # Python that looked like IPython (`% x` continued)
+        masked_cells[index] = source
+      elif _prefilter.names_a_word(source):
+        line, first = next(
+          (n, t.strip()) for n, t in enumerate(source.splitlines(), 1) if t.strip()
+        )
+        finding = _rewrite.Finding(line, 1, _rewrite.NOT_REWRITTEN, first, "", _LEFT_OUT)
+        left_out.append((index, finding))
     cells = list(masked_cells)
     joined, starts = [], []
     line = 1
@@ -79,6 +98,7 @@ class Notebook:
     for finding in result.findings:
       position = max(i for i, start in enumerate(starts) if start <= finding.line)
       findings.append((cells[position], _shift(finding, finding.line - starts[position] + 1)))
+    findings = sorted(findings + left_out, key=lambda pair: (pair[0], pair[1].line, pair[1].column))
     changed = {}
     for index, new in _split(result.code, cells).items():
       new = _unmask(new, masks)
@@ -117,10 +137,9 @@ def _mask(source, first):
   """
   masks = {}
   lines = source.splitlines(keepends=True)
-  cell_magic = bool(lines) and lines[0].lstrip().startswith("%%")
   out = []
   for line in lines:
-    if cell_magic or _IPYTHON_LINE.search(line.rstrip("\r\n")):
+    if _IPYTHON_LINE.search(line.rstrip("\r\n")):
       body = line.rstrip("\r\n")
       indent = body[: len(body) - len(body.lstrip())]
       comment = _MASK.format(first + len(masks))
@@ -129,6 +148,12 @@ def _mask(source, first):
     else:
       out.append(line)
   return "".join(out), masks
+
+
+def _cell_magic(source):
+  """The name of `source`'s cell magic (`time` for `%%time -n 1`), or None."""
+  first = source.lstrip().split("\n", 1)[0].strip()
+  return first[2:].split(" ", 1)[0] if first.startswith("%%") else None
 
 
 def _unmask(code, masks):

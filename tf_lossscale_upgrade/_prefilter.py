@@ -29,6 +29,11 @@ from tf_lossscale_upgrade import _names
 _WORDS = re.compile(r"mixed_precision|LossScale|loss_scale|experimental")
 
 
+def names_a_word(code):
+  """Whether `code` spells a word every name the tool knows has a part of."""
+  return _WORDS.search(code) is not None
+
+
 def worth_parsing(code):
   """False when the tool has nothing to rewrite or report in `code` (see above)."""
   if "tensorflow" not in code or _WORDS.search(code) is None:
