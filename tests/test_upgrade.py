@@ -523,6 +523,15 @@ CASES = {
     "import tensorflow.keras.mixed_precision.experimental as mp\n",
     "import tf_lossscale.keras.mixed_precision.experimental as mp\n",
   ),
+  "a dotted import of a module gone from TF whose root other uses read": (
+    "import tensorflow.keras.mixed_precision.experimental\n"
+    "opt = tensorflow.keras.optimizers.SGD()\n"
+    "opt = tensorflow.keras.mixed_precision.experimental.LossScaleOptimizer(opt, 'dynamic')\n",
+    "import tensorflow\n"
+    "import tf_lossscale\n"
+    "opt = tensorflow.keras.optimizers.SGD()\n"
+    "opt = tf_lossscale.keras.mixed_precision.experimental.LossScaleOptimizer(opt, 'dynamic')\n",
+  ),
   "renamed private names keep their bound name": (
     "from tensorflow.python.training.experimental.mixed_precision import (\n"
     "    enable_mixed_precision_graph_rewrite_v1,  # TF1's\n"

@@ -545,6 +545,9 @@ class _Planner:
     if worth and not left and (not binding.dotted or self._only_user(binding)):
       self.dropped_aliases.add(binding.alias)
       self._report(binding.alias, REWRITE, binding.target, new="(import removed: unused now)")
+    elif not left and binding.dotted and binding.target in _names.GONE:
+      # `import a.b.gone` whose `a` other uses read: `import a` (the rest are attributes).
+      self._rewrite_alias(binding, binding.target.split(".")[0])
     elif binding.target in _names.GONE:
       self._report(
         binding.alias,
