@@ -569,3 +569,43 @@ def test_slots_restored_before_the_first_step_reach_every_replica(family, tmp_pa
   # (-0.2 again, without the restored slot): 1 - 0.2 - 0.38 = 0.42.
   for replica_value in locals_of(strategy, var):
     np.testing.assert_allclose(replica_value, [0.42, 1.42], rtol=1e-6)
+
+
+# Keras 3's protocol: each scale_loss pairs with the next apply_gradients ------
+
+
+def _scale_loss_steps(opt, in_function):
+  """Two variables, each with its own scaled loss, applied one after the other:
+  in a `tf.function` with each apply under an `if` on a tensor."""
+  a, b = tf.Variable(1.0), tf.Variable(2.0)
+  if hasattr(opt, "build"):  # Not an OptimizerV2 (tf_keras's legacy optimizers).
+    opt.build([a, b])
+
+  def step(do):
+    with tf.GradientTape(persistent=True) as tape:
+      loss_a, loss_b = opt.scale_loss(a * 3.0), opt.scale_loss(b * b)
+    grads = tape.gradient(loss_a, a), tape.gradient(loss_b, b)
+    if do:
+      opt.apply_gradients([(grads[0], a)])
+    if do:
+      opt.apply_gradients([(grads[1], b)])
+
+  (tf.function(step) if in_function else step)(tf.constant(True))
+  return a.numpy(), b.numpy()
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_each_scale_loss_is_unscaled_by_one_apply_as_keras3_does(in_function):
+  """Two scale_loss calls before two applies, and applies in a conditional
+  of the function: every gradient is unscaled once (both were applied
+  scaled, 1024x, the second eagerly and both in the function)."""
+  plain = _scale_loss_steps(
+    keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.125), initial_scale=1024),
+    in_function,
+  )
+  np.testing.assert_array_equal(plain, [1.0 - 0.125 * 3.0, 2.0 - 0.125 * 4.0])
+  for family in FAMILIES:
+    opt = mixed_precision.LossScaleOptimizer(
+      make_inner(family, learning_rate=0.125), dynamic=False, initial_scale=1024
+    )
+    np.testing.assert_array_equal(_scale_loss_steps(opt, in_function), plain, err_msg=family)

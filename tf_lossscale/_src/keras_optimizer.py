@@ -28,6 +28,7 @@ for an OptimizerV2 under CentralStorageStrategy (which must aggregate itself),
 step 1 is left out and step 2 counts each replica's own finiteness instead.
 """
 
+import collections
 import contextlib
 import inspect
 import threading
@@ -84,8 +85,9 @@ _SCALED_LOSS_MARKS = threading.local()
 
 
 def _marks():
+  """{(id(optimizer), graph): `scale_loss` calls no `apply_gradients` has taken yet}."""
   if not hasattr(_SCALED_LOSS_MARKS, "value"):
-    _SCALED_LOSS_MARKS.value = set()
+    _SCALED_LOSS_MARKS.value = collections.Counter()
   return _SCALED_LOSS_MARKS.value
 
 
@@ -669,8 +671,9 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
     Keras 3's `Model.fit` calls it and then passes the gradients of the
     scaled loss to `apply_gradients`. The next `apply_gradients` of this
-    thread in the same graph therefore unscales the gradients before
-    anything else. Custom loops use `get_scaled_loss` and
+    thread in the same graph (or in a conditional or loop of the same
+    function) therefore unscales the gradients before anything else; each
+    `scale_loss` call is paired with one `apply_gradients`. Custom loops use `get_scaled_loss` and
     `get_unscaled_gradients` instead.
 
     Args:
@@ -688,19 +691,25 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     >>> print(var.numpy())
     -2.0
     """
-    _marks().add(self._mark_key())
+    _marks()[(id(self), tf.compat.v1.get_default_graph())] += 1
     return self.get_scaled_loss(loss)
 
-  def _mark_key(self):
-    return (id(self), tf.compat.v1.get_default_graph())
-
   def _take_scaled_loss_mark(self):
-    key = self._mark_key()
+    """Takes one `scale_loss` mark of this graph, or of the function around
+    the conditional or loop body it is (`if` on a tensor in a `tf.function`)."""
     marks = _marks()
-    if key in marks:
-      marks.discard(key)
-      return True
-    return False
+    graph = tf.compat.v1.get_default_graph()
+    while True:
+      key = (id(self), graph)
+      if marks[key]:
+        marks[key] -= 1
+        if not marks[key]:
+          del marks[key]
+        return True
+      # Only a function's graph has an outer graph: stop at the eager or TF1 graph.
+      graph = getattr(graph, "outer_graph", None)
+      if not hasattr(graph, "outer_graph"):
+        return False
 
   # --- Applying ---------------------------------------------------------------
 
