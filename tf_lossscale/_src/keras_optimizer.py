@@ -876,10 +876,13 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     Raises:
       TypeError: For an item that is not a (gradient, variable) pair, or a
         gradient whose dtype the inner optimizer cannot take.
-      ValueError: If no gradient is given, or one does not fit its
-        variable's shape.
+      ValueError: If no gradient is given (an empty list only where the
+        inner optimizer refuses one), or one does not fit its variable's
+        shape.
     """
     pairs = validation.gradient_pairs(grads_and_vars)
+    if not pairs and self._family.applies_no_gradients:
+      return pairs
     if all(g is None for g, _ in pairs):
       # TF 2.4's wording.
       raise ValueError(f"No gradients provided for any variable: {[v.name for _, v in pairs]}.")
@@ -888,6 +891,8 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
   def _apply_cross_replica(self, strategy, grads, wrapped_vars, name, in_sync, inner_aggregates):
     def apply_fn():
+      if not grads:  # An empty list (`Family.applies_no_gradients`): the plain apply does nothing.
+        return tf.no_op()
       results = strategy.extended.call_for_each_replica(
         lambda g, v: self._adapter.apply(g, v.value, name, inner_aggregates),
         args=(grads, wrapped_vars),

@@ -62,6 +62,11 @@ class Family(abc.ABC):
       step's op outside eager execution, as this framework's optimizers do
       (TF1 graphs run it); else they return None, which a `tf.function` can
       return too.
+    applies_no_gradients: Whether the framework's `apply_gradients` takes an
+      empty list (a step with nothing to apply; tf_keras's `fit` of a model
+      with no trainable variable sends one): TF 2.4's wrapper then ran a
+      finite step of the scale. Else an empty list is refused as TF 2.4
+      refused a list of None gradients.
     built_in_apply_conditional: Whether the family's own wrapper made the
       inner optimizer's variables in its apply's conditional under a dynamic
       scale (TF 2.4's, for an OptimizerV2): in a graph they are then named
@@ -71,6 +76,7 @@ class Family(abc.ABC):
   optimizer_api = None
   gradient_dtype_must_match = None
   returns_step_op = None
+  applies_no_gradients = None
   built_in_apply_conditional = None
 
   def __init_subclass__(cls, **kwargs):
@@ -86,6 +92,7 @@ class Family(abc.ABC):
         "optimizer_api",
         "gradient_dtype_must_match",
         "returns_step_op",
+        "applies_no_gradients",
         "built_in_apply_conditional",
       )
       if getattr(cls, name) is None

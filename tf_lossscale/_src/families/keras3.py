@@ -130,6 +130,7 @@ class Keras3Family(base.Family):
   optimizer_api = Keras3OptimizerApi
   gradient_dtype_must_match = False  # Keras 3 casts gradients to the variable's dtype.
   returns_step_op = False
+  applies_no_gradients = False  # Keras 3's apply fails on one (not enough values to unpack).
   built_in_apply_conditional = False  # Keras 3's wrapper builds before.
 
   def __init__(self, inner):

@@ -57,6 +57,7 @@ class TfKerasFamily(base.Family):
   optimizer_api = TfKerasOptimizerApi
   gradient_dtype_must_match = True
   returns_step_op = False  # As tf_keras's own wrapper of these optimizers.
+  applies_no_gradients = True  # As its plain apply (tf_keras's own wrapper fails).
   built_in_apply_conditional = False  # tf_keras's wrapper builds before it.
 
   def __init__(self, inner):

@@ -119,6 +119,7 @@ class OptimizerV2Family(base.Family):
   optimizer_api = OptimizerV2Api
   gradient_dtype_must_match = True
   returns_step_op = True  # TF 2.4's: TF1 graphs and Sessions run it.
+  applies_no_gradients = True  # OptimizerV2 returns a no-op, TF 2.4's wrapper counted a step.
   built_in_apply_conditional = True  # TF 2.4's `cond_1/Adam/iter`.
 
   def __init__(self, inner):
