@@ -3,6 +3,8 @@
 Also holds the helpers the other `test_keras_lso_*` files import.
 """
 
+import logging
+
 import keras
 import numpy as np
 import pytest
@@ -609,3 +611,32 @@ def test_each_scale_loss_is_unscaled_by_one_apply_as_keras3_does(in_function):
       make_inner(family, learning_rate=0.125), dynamic=False, initial_scale=1024
     )
     np.testing.assert_array_equal(_scale_loss_steps(opt, in_function), plain, err_msg=family)
+
+
+class _Logged(logging.Handler):
+  def __init__(self):
+    super().__init__()
+    self.messages = []
+
+  def emit(self, record):
+    self.messages.append(record.getMessage())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_missing_gradient_is_logged_in_tf24s_words(family):
+  """TF 2.4 (and tf_keras's wrapper, which adds a hint) log the variables
+  without a gradient; the inner optimizer never sees them here."""
+  a, b = tf.Variable(1.0, name="a"), tf.Variable(1.0, name="b")
+  logged = _Logged()
+  tf.get_logger().addHandler(logged)
+  try:
+    peer = tf_keras.mixed_precision.LossScaleOptimizer(make_inner("tf_keras"))
+    peer.apply_gradients([(tf.constant(1.0), a), (None, b)])
+    ours = mixed_precision.LossScaleOptimizer(make_inner(family))
+    ours.apply_gradients([(tf.constant(1.0), a), (None, b)])
+  finally:
+    tf.get_logger().removeHandler(logged)
+  tf24 = "Gradients do not exist for variables ['b:0'] when minimizing the loss."
+  peer_said, *ours_said = [m for m in logged.messages if m.startswith("Gradients do not")]
+  assert peer_said.startswith(tf24)
+  assert ours_said == [tf24]

@@ -843,6 +843,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     in_conditional = self.dynamic and self._family.built_in_apply_conditional
     with scale_state.tf24_apply_name_scope() if in_conditional else contextlib.nullcontext():
       self._adapter.build(grads_and_vars)
+    validation.warn_missing_gradients(grads_and_vars)
     grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
     unknown = self._adapter.unknown_variables([v for _, v in grads_and_vars])
     if unknown:

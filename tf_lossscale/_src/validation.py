@@ -132,3 +132,14 @@ def check_gradients_fit(pairs, dtype_must_match):
         f"apply_gradients got a {dtype.name} gradient for variable {var.name!r} of dtype "
         f"{var_dtype.name}; this optimizer needs gradients of the variable's dtype"
       )
+
+
+def warn_missing_gradients(pairs):
+  """Logs the variables of `pairs` whose gradient is None, in TF 2.4's words
+  (its optimizers and wrapper logged them; the inner optimizer never sees
+  them, the wrapper leaves them out)."""
+  missing = [v.name for g, v in pairs if g is None]
+  if missing:
+    tf.get_logger().warning(
+      "Gradients do not exist for variables %s when minimizing the loss.", missing
+    )
