@@ -788,3 +788,23 @@ def test_where_a_skipped_step_is_counted(family, jit_compile, machine, monkeypat
   assert count(opt.iterations) == 2 and count(opt.skipped_steps) == 1
   assert float(opt.loss_scale) == 2.0
   np.testing.assert_array_equal(var.numpy(), [-3.0, -2.0])
+
+
+def test_compute_gradients_of_a_new_tf_keras_inner_as_tf_keras_wrapper():
+  """tf_keras's optimizers have a public `compute_gradients`: a callable
+  `var_list`, and variables the tape watches only because they are listed
+  (not trainable), give what tf_keras's wrapper gives."""
+
+  def gradients(wrap):
+    opt = wrap(tf_keras.optimizers.SGD(0.5), dynamic=False, initial_scale=8)
+    v, frozen = tf.Variable(3.0), tf.Variable(4.0, trainable=False)
+    pairs = opt.compute_gradients(lambda: v**2, lambda: [v])
+    pairs += opt.compute_gradients(lambda: frozen**2, [frozen])
+    with tf.GradientTape() as tape:
+      loss = v * frozen
+    pairs += opt.compute_gradients(loss, [v], tape=tape)
+    return [(float(g), var is v) for g, var in pairs]
+
+  peer = gradients(tf_keras.mixed_precision.LossScaleOptimizer)
+  assert peer == [(6.0, True), (8.0, False), (4.0, True)]
+  assert gradients(mixed_precision.LossScaleOptimizer) == peer

@@ -37,12 +37,15 @@ class TfKerasOptimizerApi(
     self._optimizer.build(var_list)
 
   def compute_gradients(self, loss, var_list, tape=None):
-    """Unscaled `(gradient, variable)` pairs of `loss`, scaled first."""
+    """Unscaled `(gradient, variable)` pairs of `loss`, scaled first (a
+    callable stays one: the inner optimizer calls it, and a callable
+    `var_list`, on the tape where it watches the variables)."""
     tape = tf.GradientTape() if tape is None else tape
-    with tape:
+    if callable(loss):
       scaled_loss = self.get_scaled_loss(loss)
-      if callable(scaled_loss):
-        scaled_loss = scaled_loss()
+    else:
+      with tape:
+        scaled_loss = self.get_scaled_loss(loss)
     grads_and_vars = self._optimizer.compute_gradients(scaled_loss, var_list, tape=tape)
     grads = self.get_unscaled_gradients([g for g, _ in grads_and_vars])
     return list(zip(grads, [v for _, v in grads_and_vars], strict=True))
