@@ -580,11 +580,48 @@ CASES = {
     "import tensorflow as tf; x = tf.mixed_precision.experimental.LossScale\n",
     "import tf_lossscale\nimport tensorflow as tf; x = tf_lossscale.mixed_precision.experimental.LossScale\n",
   ),
-  "no module-level import: under the file's header": (
+  "a lazy import: tf_lossscale's beside it": (
     "# Copyright 2020\ndef f():\n  import tensorflow as tf\n"
     "  return tf.mixed_precision.experimental.LossScale\n",
-    "# Copyright 2020\nimport tf_lossscale\ndef f():\n  import tensorflow as tf\n"
+    "# Copyright 2020\ndef f():\n  import tensorflow as tf\n  import tf_lossscale\n"
     "  return tf_lossscale.mixed_precision.experimental.LossScale\n",
+  ),
+  "lazy imports in two functions, one on the line of its use": (
+    "def f():\n  import tensorflow as tf\n  return tf.mixed_precision.experimental.LossScale\n"
+    "def g():\n  import tensorflow as tf; return tf.mixed_precision.experimental.LossScale\n",
+    "def f():\n  import tensorflow as tf\n  import tf_lossscale\n"
+    "  return tf_lossscale.mixed_precision.experimental.LossScale\n"
+    "def g():\n  import tf_lossscale\n"
+    "  import tensorflow as tf; return tf_lossscale.mixed_precision.experimental.LossScale\n",
+  ),
+  "an optional TensorFlow: tf_lossscale's import as optional": (
+    "try:\n  import tensorflow as tf\nexcept ImportError:\n  tf = None\n"
+    "def f():\n  return tf.mixed_precision.experimental.LossScale\n",
+    None,  # `tf` may be None: reported, and nothing added.
+  ),
+  "an optional TensorFlow without a second binding": (
+    "try:\n  import tensorflow as tf\n  HAS_TF = True\nexcept ImportError:\n  HAS_TF = False\n"
+    "if TYPE_CHECKING:\n  from tensorflow.keras import mixed_precision as mp\n"
+    "def f():\n  return tf.mixed_precision.experimental.LossScale, mp.experimental.Policy\n",
+    "try:\n  import tensorflow as tf\n  import tf_lossscale\n  HAS_TF = True\n"
+    "except ImportError:\n  HAS_TF = False\n"
+    "if TYPE_CHECKING:\n  from tf_lossscale.keras import mixed_precision as mp\n"
+    "def f():\n  return tf_lossscale.mixed_precision.experimental.LossScale, mp.experimental.Policy\n",
+  ),
+  "under an if": (
+    "if TYPE_CHECKING:\n  import tensorflow as tf\n"
+    "def f():\n  return tf.mixed_precision.experimental.LossScale, tf.constant(1)\n",
+    "if TYPE_CHECKING:\n  import tensorflow as tf\n  import tf_lossscale\n"
+    "def f():\n  return tf_lossscale.mixed_precision.experimental.LossScale, tf.constant(1)\n",
+  ),
+  "a function's import beside a module-level one: at module level": (
+    "import tensorflow as tf\n"
+    "def f():\n  import tensorflow.compat.v1 as tf1\n"
+    "  return tf1.mixed_precision.DynamicLossScale, tf.mixed_precision.experimental.LossScale\n",
+    "import tensorflow as tf\nimport tf_lossscale\n"
+    "def f():\n  import tensorflow.compat.v1 as tf1\n"
+    "  return tf_lossscale.compat.v1.mixed_precision.DynamicLossScale, "
+    "tf_lossscale.mixed_precision.experimental.LossScale\n",
   ),
   "scale_loss named but not called: TF 2.4 code": (
     "import tensorflow as tf\n"
@@ -882,8 +919,14 @@ NOT_ONE_PASS = {
   "unsafe_uses.upgraded.py",
   "a shadowing parameter: before",
   "the name tf_lossscale taken: before",  # `tf_lossscale = 1`
-  "no module-level import: under the file's header: before",  # imported in a function
-  "no module-level import: under the file's header: after",
+  "an optional TensorFlow: tf_lossscale's import as optional: before",  # `tf = None`
+  # Imported in a function:
+  "a lazy import: tf_lossscale's beside it: before",
+  "a lazy import: tf_lossscale's beside it: after",
+  "lazy imports in two functions, one on the line of its use: before",
+  "lazy imports in two functions, one on the line of its use: after",
+  "a function's import beside a module-level one: at module level: before",
+  "a function's import beside a module-level one: at module level: after",
 }
 SCOPE_PROVIDER_SNIPPETS = {
   name: code for name, code in NAMED_SNIPPETS.items() if name in SCOPE_CASES or name in NOT_ONE_PASS

@@ -15,7 +15,8 @@ How it is rewritten, keeping the file's import style:
   use of it is ours, so the code using it is untouched;
 - otherwise each use is spelled out (`tf_lossscale.keras.mixed_precision.
   LossScaleOptimizer`) and `import tf_lossscale` is added after the file's
-  TensorFlow import.
+  TensorFlow import (beside it where TensorFlow is imported lazily or
+  optionally: `_Planner.import_places`).
 """
 
 import dataclasses
@@ -213,6 +214,7 @@ class _Planner:
     self._bindings = {}  # ImportAssignment -> _Binding or None
     self._planned = set()  # Access objects whose use was decided on
     self._spelled_out = set()  # Access objects whose use became tf_lossscale.<name>
+    self._spelled_through = {}  # spelled-out node -> the import statements its name may come from
     self._private_imports = []  # (binding, uses) of TF's private or gone modules
 
   def changes(self):
@@ -224,19 +226,34 @@ class _Planner:
     return bool(self.expressions) and not self.has_import
 
   @property
-  def import_place(self):
-    """`(module-level statement, "before" or "after")`: where `import tf_lossscale` goes.
+  def import_places(self):
+    """`{statement: "before" or "after"}`: where `import tf_lossscale` goes.
 
-    After the file's TensorFlow imports, unless a spelled-out name is used earlier.
+    Where every spelled-out name comes through one TensorFlow import made in
+    a function, or at module level under an `if` or in a `try` that goes on
+    without TensorFlow (an optional dependency), next to each such import, so
+    tf_lossscale is imported when and where TensorFlow is. Else after the
+    file's TensorFlow imports, unless a spelled-out name is used earlier.
     """
+    local = {}
+    for node, statements in self._spelled_through.items():
+      place = _local_place(statements[0], self.parents) if len(statements) == 1 else None
+      if place is None:
+        break
+      use_line = node
+      while use_line is not None and not isinstance(use_line, cst.SimpleStatementLine):
+        use_line = self.parents.get(use_line)
+      local[place] = "before" if use_line is place or local.get(place) == "before" else "after"
+    else:
+      return local
     body = list(self.wrapper.module.body)
     anchor = _import_anchor(body, self.dropped_aliases)
     first_use = min(body.index(self._top_level(node)) for node in self.expressions)
     if first_use <= anchor:
-      return body[first_use], "before"
+      return {body[first_use]: "before"}
     if anchor < 0:
-      return body[0], "before"
-    return body[anchor], "after"
+      return {body[0]: "before"}
+    return {body[anchor]: "after"}
 
   def _top_level(self, node):
     while not isinstance(self.parents[node], cst.Module):
@@ -434,6 +451,11 @@ class _Planner:
       self._report(use.node, NOT_REWRITTEN, old, reason=reason)
       return False
     self.expressions[use.node] = _dotted_expr(self.prefix + new_name[len(_OURS) :])
+    self._spelled_through[use.node] = list(
+      {
+        id(r.node): r.node for r in use.access.referents if isinstance(r, _IMPORT_ASSIGNMENT)
+      }.values()
+    )
     self._report(use.node, REWRITE, old, new=new_name)
     return True
 
@@ -716,10 +738,10 @@ class _Applier(cst.CSTTransformer):
     super().__init__()
     self.plan = plan
     self._removed = []  # statement lines left empty: deleted by their block
-    self._import_place = plan.import_place if plan.needs_import else (None, None)
+    self._import_places = plan.import_places if plan.needs_import else {}
     # Only the way down to a change is visited: the rest of the tree stays as it is.
     self._on_the_way = set()
-    for node in [*plan.expressions, *plan.aliases, *plan.dropped_aliases]:
+    for node in [*plan.expressions, *plan.aliases, *plan.dropped_aliases, *self._import_places]:
       while node is not None and node not in self._on_the_way:
         self._on_the_way.add(node)
         node = plan.parents.get(node)
@@ -816,8 +838,8 @@ class _Applier(cst.CSTTransformer):
 
   def on_leave(self, original_node, updated_node):
     result = super().on_leave(original_node, updated_node)
-    statement, where = self._import_place
-    if original_node is not statement:
+    where = self._import_places.get(original_node)
+    if where is None:
       return result
     nodes = list(result.nodes) if isinstance(result, cst.FlattenSentinel) else [result]
     line = cst.SimpleStatementLine(body=[cst.Import(names=[cst.ImportAlias(name=cst.Name(_OURS))])])
@@ -918,6 +940,23 @@ def _imported_modules(statement):
     for block in blocks:
       for inner in block.body:
         yield from _imported_modules(inner)
+
+
+def _local_place(statement, parents):
+  """The statement line of the import `statement` when `import tf_lossscale`
+  goes next to it: in a function, or at module level under an `if` or in a
+  `try` body; None where it goes at module level (also for a `try` whose
+  handlers import another TensorFlow)."""
+  line = parents.get(statement)
+  block = parents.get(line)
+  if not isinstance(block, cst.IndentedBlock):
+    return None  # At module level, or `def f(): import ...` on one line.
+  owner = parents.get(block)
+  if isinstance(owner, cst.Try) and owner.body is block:
+    handled = [m for h in owner.handlers for x in h.body.body for m in _imported_modules(x)]
+    if any(m.split(".")[0] == "tensorflow" for m in handled):
+      return None
+  return line if isinstance(owner, (cst.FunctionDef, cst.Try, cst.If, cst.Else)) else None
 
 
 def _import_anchor(body, dropped):
