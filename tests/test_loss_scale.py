@@ -4,6 +4,7 @@ Expected numbers are TF 2.4's; where TF's own class is still installed
 (`tf.compat.v1.mixed_precision`), it is used side by side.
 """
 
+import copy
 import functools
 import re
 
@@ -690,3 +691,36 @@ def test_public_name_is_one_object_everywhere(name):
   assert objects[0].__module__.startswith("tf_lossscale._src.")
   if name in LEGACY_NAMES:
     assert objects[0] is getattr(loss_scale_src, name)
+
+
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy], ids=["copy", "deepcopy"])
+def test_a_copied_dynamic_loss_scale_updates_as_tfs(how):
+  """A shallow copy shares the original's variables, a deep copy has its own."""
+
+  def scales(cls):
+    original = cls(8.0, 2, 2.0)
+    copied = how(original)
+    copied.update([tf.constant(float("nan"))])
+    copied.update([tf.constant(1.0)])
+    return float(copied()), float(original()), int(copied._num_good_steps.numpy())
+
+  assert scales(loss_scale.DynamicLossScale) == scales(TF_DYNAMIC)
+  assert scales(TF_DYNAMIC)[0] == 4.0
+
+
+def test_a_deep_copied_compat_v1_optimizer_applies_as_tfs():
+  def step(optimizer_cls, scale_cls):
+    var = tf.Variable(1.0)
+    opt = copy.deepcopy(
+      optimizer_cls(tf.compat.v1.train.GradientDescentOptimizer(1.0), scale_cls(8.0, 2, 2.0))
+    )
+    opt.apply_gradients([(tf.constant(float("nan")), var)])
+    opt.apply_gradients([(tf.constant(0.5), var)])
+    return float(opt._loss_scale()), float(var.numpy())
+
+  ours = step(
+    tf_lossscale.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer,
+    loss_scale.DynamicLossScale,
+  )
+  assert ours == step(tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer, TF_DYNAMIC)
+  assert ours == (4.0, 0.5)
