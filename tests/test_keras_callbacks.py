@@ -6,9 +6,11 @@ every 2 finite steps, two epochs of the pattern finite, NaN, NaN, finite give,
 step by step, `SCALES` and `SKIPPED`.
 """
 
+import copy
 import glob
 import json
 import os
+import pickle
 import re
 import types
 import warnings
@@ -203,14 +205,17 @@ def test_the_default_patience_is_ten_training_steps(steps, warned):
     assert "(at step 13; 13 steps skipped in all)" in messages[0]
 
 
-def test_warns_again_in_the_next_fit():
-  model, x, y, batch = _model("keras3", **ALL_NAN)
+@pytest.mark.parametrize("action", ["always", "default"])
+def test_warns_again_in_the_next_fit(action):
+  """Under Python's default filter too, which shows a text once per place."""
   monitor = callbacks.LossScaleMonitor(min_scale_patience=3)
   with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    _fit(model, x, y, batch, [monitor])
-    _fit(model, x, y, batch, [monitor])
-  assert len(_minimum_warnings(caught)) == 2
+    warnings.simplefilter(action)
+    for _ in range(2):  # The same training twice: the same text.
+      model, x, y, batch = _model("keras3", **ALL_NAN)
+      _fit(model, x, y, batch, [monitor])
+  messages = [str(w.message) for w in _minimum_warnings(caught)]
+  assert len(messages) == 2 and messages[0] == messages[1]
 
 
 def test_raise_stops_fit_at_the_patience():
@@ -219,6 +224,16 @@ def test_raise_stops_fit_at_the_patience():
   with pytest.raises(RuntimeError, match=r"through the last 2 training steps.*at step 5"):
     _fit(model, x, y, batch, [monitor])
   assert int(model.optimizer.iterations.numpy()) == 5
+
+
+def test_raise_closes_the_summary_writer(tmp_path):
+  model, x, y, batch = _model("keras3", **ALL_NAN)
+  monitor = callbacks.LossScaleMonitor(
+    min_scale_patience=2, on_min_scale="raise", tensorboard=str(tmp_path)
+  )
+  with pytest.raises(RuntimeError):
+    _fit(model, x, y, batch, [monitor])
+  assert monitor._writer is None  # pylint: disable=protected-access (fit calls no on_train_end)
 
 
 def test_ignore_and_a_finite_step_keep_quiet():
@@ -285,6 +300,14 @@ def test_one_monitor_is_a_callback_of_both_frameworks():
   assert isinstance(monitor, callbacks.LossScaleMonitor)
   assert type(monitor).__name__ == "LossScaleMonitor"
   assert type(callbacks.LossScaleMonitor()) is type(monitor)
+
+
+@pytest.mark.parametrize("protocol", [0, 2, pickle.HIGHEST_PROTOCOL])
+def test_a_monitor_pickles_and_copies_as_keras_callbacks_do(protocol):
+  monitor = callbacks.LossScaleMonitor(update_freq=5, min_scale_patience=4)
+  for copied in (pickle.loads(pickle.dumps(monitor, protocol)), copy.deepcopy(monitor)):
+    assert type(copied) is type(monitor)
+    assert (copied.update_freq, copied.min_scale_patience) == (5, 4)
 
 
 @pytest.mark.parametrize(

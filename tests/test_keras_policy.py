@@ -259,6 +259,16 @@ def test_device_check_logs_once_for_mixed_float16_only(caplog, monkeypatch):
   assert len(checks) == 1
 
 
+def test_device_check_logged_by_set_policy_of_the_name(caplog, monkeypatch):
+  monkeypatch.setattr(keras_policy._DeviceCheck, "logged", False)  # pylint: disable=protected-access
+  with caplog.at_level(logging.INFO, logger="tensorflow"):
+    experimental.set_policy("mixed_bfloat16")
+    experimental.set_policy("mixed_float16")
+  experimental.set_policy("float32")
+  checks = [r for r in caplog.records if "compatibility check" in r.getMessage()]
+  assert len(checks) == 1
+
+
 # --- set_policy, global_policy, get_layer_policy -----------------------------------------
 
 

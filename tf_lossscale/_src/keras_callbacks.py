@@ -13,6 +13,7 @@ What it reads, after every batch (every execution with `steps_per_execution`
 above 1): the optimizer's `iterations`, `skipped_steps` and `loss_scale`.
 """
 
+import inspect
 import os
 import sys
 import warnings
@@ -141,6 +142,14 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
       cls = _tf_keras_class()
     return super().__new__(cls)
 
+  def __reduce_ex__(self, protocol):
+    # Pickled (and copied) through the public class: pickle finds the tf_keras
+    # subclass by no name, and `__new__` makes it again where tf_keras is imported.
+    reduced = super().__reduce_ex__(protocol)
+    if type(self) is LossScaleMonitor:
+      return reduced
+    return (_new_monitor, (), *reduced[2:])
+
   def __init__(
     self,
     update_freq: str | int = "epoch",
@@ -215,6 +224,7 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
     self._opt = self._optimizer()
     strategy = getattr(self.model, "distribute_strategy", None)
     self._chief = is_chief(strategy)
+    self._close_writer()  # A `fit` stopped by an error never reached `on_train_end`.
     if self._log_dir is not None and self._chief:
       self._writer = tf.summary.create_file_writer(os.path.join(os.fspath(self._log_dir), "train"))
     self._last = self._read()
@@ -260,6 +270,9 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
 
   def on_train_end(self, logs=None):
     """Closes the summary writer that `on_train_begin` opened, if any."""
+    self._close_writer()
+
+  def _close_writer(self):
     if self._writer is not None:
       self._writer.close()
       self._writer = None
@@ -300,10 +313,25 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
       "or min_loss_scale."
     )
     if self.on_min_scale == "raise":
+      self._close_writer()  # `fit` calls no `on_train_end` after an error.
       raise RuntimeError(message)
     if not self._warned:
       self._warned = True
-      warnings.warn(message, LossScaleMinimumWarning, stacklevel=2)
+      # Once per `fit`: a registry of its own, or Python's default filter
+      # shows a text it has shown from here before (a rerun) only once.
+      caller = inspect.currentframe().f_back
+      warnings.warn_explicit(
+        message,
+        LossScaleMinimumWarning,
+        caller.f_code.co_filename,
+        caller.f_lineno,
+        module=__name__,
+        registry={},
+      )
+
+
+def _new_monitor():
+  return LossScaleMonitor.__new__(LossScaleMonitor)
 
 
 _TF_KERAS_CLASS = []

@@ -340,6 +340,8 @@ def set_policy(policy):
     policy = KerasPolicy(keras.config.floatx())
   elif not isinstance(policy, KerasPolicy):
     policy = KerasPolicy(_canonical_name(policy))
+    if policy.name == "mixed_float16":  # TF 2.4's policy of that name logged it.
+      _DeviceCheck.log_once()
   is_mixed = policy.compute_dtype != policy.variable_dtype
   if is_mixed and framework_internals.graph_rewrite_flag():
     raise ValueError(

@@ -364,6 +364,18 @@ class DynamicLossScale(LossScale):
         synchronization=tf.VariableSynchronization.AUTO,
         aggregation=tf.VariableAggregation.NONE,
       )
+    self._register_state()
+
+  def _register_state(self):
+    _DYNAMIC_STATES[self] = scale_state.DynamicState(
+      self._settings, self._current_loss_scale, self._num_good_steps, self._skipped_steps
+    )
+
+  def __setstate__(self, state):
+    # A copy (`copy.copy`: the original's variables; `copy.deepcopy`: its own)
+    # updates as TF's class's copies do.
+    self.__dict__.update(state)
+    self._register_state()
 
   @property
   def initial_loss_scale(self) -> float:
@@ -456,7 +468,7 @@ class DynamicLossScale(LossScale):
     Under a strategy every replica's gradients are checked and one non-finite
     replica makes all replicas skip.
     """
-    update_op, should_apply_gradients = _state_of(self).update(grads)
+    update_op, should_apply_gradients = _DYNAMIC_STATES[self].update(grads)
     if update_op is not None:
       # In a graph, a tensor, as TF's: it can be fetched, returned from a
       # tf.function or passed to tf.identity.
@@ -504,21 +516,6 @@ def options_config(loss_scale):
 _DYNAMIC_STATES = weakref.WeakKeyDictionary()
 
 
-def _state_of(loss_scale):
-  """The `DynamicState` of a `DynamicLossScale`, made at its first use (so a
-  `copy.copy` shares the original's variables and a `copy.deepcopy` has its own, as
-  TF's class)."""
-  state = _DYNAMIC_STATES.get(loss_scale)
-  if state is None:
-    state = _DYNAMIC_STATES[loss_scale] = scale_state.DynamicState(
-      loss_scale._settings,
-      loss_scale._current_loss_scale,
-      loss_scale._num_good_steps,
-      loss_scale._skipped_steps,
-    )
-  return state
-
-
 def dynamic_state(loss_scale):
   """The `scale_state.DynamicState` a `DynamicLossScale` updates itself with.
 
@@ -531,7 +528,7 @@ def dynamic_state(loss_scale):
   """
   if type(loss_scale).update is not DynamicLossScale.update:
     return None
-  return _state_of(loss_scale)
+  return _DYNAMIC_STATES.get(loss_scale)
 
 
 _BUILTIN = {"FixedLossScale": FixedLossScale, "DynamicLossScale": DynamicLossScale}
