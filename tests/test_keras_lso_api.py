@@ -808,3 +808,36 @@ def test_compute_gradients_of_a_new_tf_keras_inner_as_tf_keras_wrapper():
   peer = gradients(tf_keras.mixed_precision.LossScaleOptimizer)
   assert peer == [(6.0, True), (8.0, False), (4.0, True)]
   assert gradients(mixed_precision.LossScaleOptimizer) == peer
+
+
+def test_from_config_makes_no_loss_scale_variables_of_its_own_in_a_graph():
+  """In a TF1 graph the optimizer's scale variables keep their names: a loss
+  scale made to carry a config's settings made `current_loss_scale` first."""
+  lso, experimental = mixed_precision.LossScaleOptimizer, mixed_precision.experimental
+  new = lso(tf_keras.optimizers.legacy.SGD(0.1), initial_scale=4, dynamic_growth_steps=5)
+  tf23 = {
+    "optimizer": {"class_name": "SGD", "config": {"name": "SGD", "learning_rate": 0.1}},
+    "loss_scale": {
+      "class_name": "DynamicLossScale",
+      "config": {"initial_loss_scale": 4.0, "increment_period": 5, "multiplier": 2.0},
+    },
+  }
+  for cls, config in [
+    (lso, new.get_config()),
+    (experimental.LossScaleOptimizer, new.get_config()),
+    (lso, tf23),
+    (experimental.LossScaleOptimizer, tf23),
+  ]:
+    with tf.Graph().as_default():
+      opt = cls.from_config(config)
+      names = [v.name for v in tf.compat.v1.global_variables()]
+      assert names == ["current_loss_scale:0", "good_steps:0"], cls
+      assert (opt.initial_scale, opt.dynamic_growth_steps) == (4.0, 5)
+
+
+def test_experimental_from_config_takes_the_defaults_of_settings_left_out():
+  inner = keras.optimizers.serialize(keras.optimizers.SGD(0.1, name="sgd"))
+  for config in ({"inner_optimizer": inner}, {"inner_optimizer": inner, "dynamic": True}):
+    opt = mixed_precision.experimental.LossScaleOptimizer.from_config(config)
+    assert opt.get_config() == mixed_precision.LossScaleOptimizer.from_config(config).get_config()
+    assert (opt.dynamic, opt.initial_scale, opt.dynamic_growth_steps) == (True, 2.0**15, 2000)

@@ -121,23 +121,27 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
     8.0
     """
     config = dict(config)
-    if "loss_scale" not in config:
-      config["optimizer"] = config.pop("inner_optimizer")
-      if config.pop("dynamic", True):
-        options = {k: config.pop(k) for k in _SCALE_OPTIONS if k in config}
-        config["loss_scale"] = loss_scale_module.DynamicLossScale(
-          config.pop("initial_scale"), config.pop("dynamic_growth_steps"), **options
-        )
-      else:
-        config["loss_scale"] = config.pop("initial_scale")
-        config.pop("dynamic_growth_steps", None)
+    with keras_optimizer.settings_only_scope():
+      if "loss_scale" not in config:
+        config["optimizer"] = config.pop("inner_optimizer")
+        # Those left out take their defaults, as in the non-experimental class.
+        given = {
+          "initial_loss_scale": config.pop("initial_scale", None),
+          "increment_period": config.pop("dynamic_growth_steps", None),
+        }
+        if config.pop("dynamic", True):
+          options = {k: config.pop(k) for k in _SCALE_OPTIONS if k in config}
+          given = {k: v for k, v in given.items() if v is not None}
+          config["loss_scale"] = loss_scale_module.DynamicLossScale(**given, **options)
+        else:
+          config["loss_scale"] = given["initial_loss_scale"]
+      loss_scale = config.pop("loss_scale")
+      if isinstance(loss_scale, dict):
+        loss_scale = loss_scale_module.deserialize(loss_scale)
+        keras_optimizer.settings_from_legacy_loss_scale(loss_scale, deserializing=True)
     optimizer = config.pop("optimizer")
     if isinstance(optimizer, dict):
       optimizer = keras_optimizer.deserialize_inner(cls, optimizer, custom_objects)
-    loss_scale = config.pop("loss_scale")
-    if isinstance(loss_scale, dict):
-      loss_scale = loss_scale_module.deserialize(loss_scale)
-      keras_optimizer.settings_from_legacy_loss_scale(loss_scale, deserializing=True)
     return cls(optimizer=optimizer, loss_scale=loss_scale)
 
 

@@ -1076,6 +1076,15 @@ def deserialize_inner(cls, config, custom_objects):
   return family.deserialize(config, custom_objects)
 
 
+def settings_only_scope():
+  """Where a loss scale made only to carry settings makes its variables: in a
+  TF1 graph a graph of their own (in the model's they took the names of the
+  optimizer's, which became `current_loss_scale_1`); eagerly, as any."""
+  if tf.compat.v1.executing_eagerly_outside_functions():
+    return contextlib.nullcontext()
+  return tf.Graph().as_default()
+
+
 def settings_from_legacy_loss_scale(loss_scale, deserializing=False):
   """Constructor settings (`dynamic`, ...) equivalent to a TF1 loss scale.
 
@@ -1093,7 +1102,8 @@ def settings_from_legacy_loss_scale(loss_scale, deserializing=False):
       experimental `LossScaleOptimizer` documents.
   """
   if isinstance(loss_scale, dict):
-    loss_scale = loss_scale_module.deserialize(loss_scale)
+    with settings_only_scope():
+      loss_scale = loss_scale_module.deserialize(loss_scale)
   if isinstance(loss_scale, bool) or loss_scale is None:
     pass
   elif isinstance(loss_scale, (int, float)):
