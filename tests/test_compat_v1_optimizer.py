@@ -278,6 +278,23 @@ def test_skipped_steps_is_none_without_a_count(mode, loss_scale):
   assert trainer.opt.skipped_steps is None
 
 
+class LoggedDynamic(ls_module.DynamicLossScale):
+  """A DynamicLossScale whose own `update` passes every step on."""
+
+  def update(self, grads):
+    self.seen = getattr(self, "seen", 0) + 1
+    return super().update(grads)
+
+
+def test_skipped_steps_of_a_dynamic_subclass_with_its_own_update():
+  trainer = Trainer("eager", loss_scale=lambda: LoggedDynamic(8.0))
+  for m in (1.0, NAN, 1.0, INF):
+    trainer.step(m)
+  assert trainer.loss_scale.seen == 4
+  assert trainer.opt.skipped_steps is trainer.loss_scale.skipped_steps
+  assert trainer.read(trainer.opt.skipped_steps) == [2]
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("strategy", ["default", "mirrored"])
 def test_fixed_scale_applies_every_step_as_tf_did(mode, strategy):

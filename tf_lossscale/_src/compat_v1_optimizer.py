@@ -124,9 +124,10 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
 
     Beyond TF 2.4: `DynamicLossScale.skipped_steps` of the loss scale, which
     counts every step it refused (any Inf or NaN gradient on any replica) and
-    is not checkpointed. None for any other loss scale (a `FixedLossScale`
-    never skips) and in a TF1 graph, where the loss scale has no such
-    variable (a default `Saver` would save it). There, a step is skipped
+    is not checkpointed (a subclass overriding `update` counts what its
+    `update` passes on to `DynamicLossScale.update`). None for any other
+    loss scale (a `FixedLossScale` never skips) and in a TF1 graph, where
+    the loss scale has no such variable (a default `Saver` would save it). There, a step is skipped
     exactly when a gradient given to `apply_gradients` holds an Inf or NaN
     (on any replica): fetch `tf.reduce_all([tf.reduce_all(tf.math.is_finite(g))
     for g, _ in grads_and_vars if g is not None])` with the train op.
@@ -138,8 +139,9 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     >>> int(opt.skipped_steps), float(var.numpy())
     (1, 1.0)
     """
-    state = loss_scale_module.dynamic_state(self._loss_scale)
-    return None if state is None else state.skipped
+    if isinstance(self._loss_scale, loss_scale_module.DynamicLossScale):
+      return self._loss_scale.skipped_steps
+    return None
 
   def get_name(self):
     """Returns the wrapped optimizer's name, which this optimizer shares.
