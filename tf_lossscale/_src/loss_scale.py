@@ -176,11 +176,13 @@ class FixedLossScale(LossScale):
     """Creates the fixed loss scale.
 
     Args:
-      loss_scale_value: Python int or float, at least 1 and finite.
+      loss_scale_value: Python int or float, at least 1 and at most the
+        float32 maximum.
 
     Raises:
       ValueError: If `loss_scale_value` is not a Python number, is below 1 or
-        NaN (TF 2.4's check let NaN through), or is infinite.
+        NaN (TF 2.4's check let NaN through), or is above the float32 maximum
+        (TF 2.4 took it, and scaled losses to Inf).
     """
     super().__init__()
     _check_fixed_value(loss_scale_value)
@@ -322,7 +324,9 @@ class DynamicLossScale(LossScale):
       min_loss_scale: Keyword-only, beyond TF 2.4: the scale never shrinks
         below it. A finite number greater than 0; below 1 lets the scale
         shrink under 1 (for losses whose gradients overflow even unscaled).
-        Defaults to 1, as in TF 2.4.
+        Defaults to 1, as in TF 2.4. Above `initial_loss_scale` it is a
+        floor the scale is lifted to at its first shrink (as TF 2.4 lifted a
+        scale below 1 to 1).
       max_loss_scale: Keyword-only, beyond TF 2.4: the scale never grows
         above it. None (the default, as in TF 2.4: unbounded, but never Inf)
         or a number at least `min_loss_scale` and `initial_loss_scale`.
