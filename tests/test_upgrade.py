@@ -640,6 +640,33 @@ CASES = {
     "loss = opt.scale_loss(loss)  # not opt.get_scaled_loss(loss)\n",
     None,
   ),
+  "modules bound by assignment": (
+    "import tensorflow as tf\n"
+    "tf1 = tf.compat.v1\n"
+    "keras = tf.keras\n"
+    "mp = keras.mixed_precision\n"
+    "def build(opt):\n"
+    "  mp.experimental.set_policy('float32')\n"
+    "  return tf1.train.experimental.enable_mixed_precision_graph_rewrite(opt), keras.layers\n"
+    "x = mp.DTypePolicy\n",
+    "import tensorflow as tf\n"
+    "import tf_lossscale\n"
+    "tf1 = tf.compat.v1\n"
+    "keras = tf.keras\n"
+    "mp = keras.mixed_precision\n"
+    "def build(opt):\n"
+    "  tf_lossscale.keras.mixed_precision.experimental.set_policy('float32')\n"
+    "  return tf_lossscale.compat.v1.train.experimental.enable_mixed_precision_graph_rewrite(opt), "
+    "keras.layers\n"
+    "x = mp.DTypePolicy\n",
+  ),
+  "a module bound twice by assignment is not followed": (
+    "import tensorflow as tf\n"
+    "tf1 = tf.compat.v1\n"
+    "if old:\n  tf1 = tf\n"
+    "s = tf1.train.experimental.DynamicLossScale()\n",
+    None,
+  ),
   "windows line endings": (
     "import tensorflow as tf\r\nx = tf.mixed_precision.experimental.LossScale\r\n",
     "import tensorflow as tf\r\nimport tf_lossscale\r\n"
@@ -920,6 +947,10 @@ NOT_ONE_PASS = {
   "a shadowing parameter: before",
   "the name tf_lossscale taken: before",  # `tf_lossscale = 1`
   "an optional TensorFlow: tf_lossscale's import as optional: before",  # `tf = None`
+  "a module gone from TF as a value: before",  # `mp = tf...`: a module bound by assignment
+  "modules bound by assignment: before",
+  "modules bound by assignment: after",
+  "a module bound twice by assignment is not followed: before",
   # Imported in a function:
   "a lazy import: tf_lossscale's beside it: before",
   "a lazy import: tf_lossscale's beside it: after",

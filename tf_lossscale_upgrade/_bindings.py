@@ -5,7 +5,8 @@ two thirds of the tool's time on a file that needs analysing. The tool only
 asks about names bound by imports, and in the code nearly all projects write
 (imports at module level, their names never rebound, only read) the answer
 needs no scope model: every read of such a name after its imports refers to
-them. `analyse` recognises that case and answers it in the pass that records
+them. A TensorFlow name read as the value of an assignment that may bind a
+module (`tf1 = tf.compat.v1`, which the planner follows) is not that case. `analyse` recognises that case and answers it in the pass that records
 the tree's structure; in any other case it answers None and the caller uses
 `ScopeProvider`. The objects it returns answer the questions the planner asks
 exactly as `ScopeProvider`'s would (tests/test_upgrade.py compares them).
@@ -15,6 +16,8 @@ import dataclasses
 import re
 
 import libcst as cst
+
+from tf_lossscale_upgrade import _names
 
 # Where a read of an import-bound name may be: `tf.x` (the value of an
 # attribute), `f(...)`, an argument, the value of an assignment. Anything else
@@ -28,6 +31,8 @@ _READS = (
 )
 
 _OURS = "tf_lossscale"
+# The last part of every module on the way to a name the tool knows.
+_MODULE_PARTS = frozenset(module.rsplit(".", 1)[-1] for module in _names.MODULES)
 _WATCHED_ROOTS = ("tensorflow", _OURS)
 
 # Statements an import may sit in and still bind at module level.
@@ -127,6 +132,7 @@ def _bindings(recorder):
   parents, order = recorder.parents, recorder.order
   imported = []  # (statement, the names one of its aliases binds)
   watched = {_OURS}  # the planner also asks whether this name is free
+  from_tensorflow = set()  # the names TensorFlow's imports bind
   for statement in recorder.imports:
     if isinstance(statement.names, cst.ImportStar):
       continue
@@ -145,6 +151,8 @@ def _bindings(recorder):
       source = f"{module}.{full}" if module else full
       if not getattr(statement, "relative", ()) and source.split(".")[0] in _WATCHED_ROOTS:
         watched.update(name.split(".", 1)[0] for name in names)
+        if source.split(".")[0] == "tensorflow":
+          from_tensorflow.update(name.split(".", 1)[0] for name in names)
   scope = GlobalScope()
   by_name = {}
   last_import = {}  # a watched name -> rank of its last import
@@ -175,12 +183,25 @@ def _bindings(recorder):
       return None
     if order[name] < last_import.get(name.value, -1):
       return None  # read before (or between) its imports: order matters, ask ScopeProvider
+    if name.value in from_tensorflow and _may_bind_a_module(name, parents):
+      return None  # `tf1 = tf.compat.v1`: the planner follows such a name with ScopeProvider's
     node, dotted = _accessed(name, parents, by_name)
     referents = tuple(by_name.get(dotted, ()))
     access = Access(node, referents)
     for assignment in referents:
       assignment.references.append(access)
   return scope
+
+
+def _may_bind_a_module(name, parents):
+  """Whether `name` starts the value of an assignment that may bind a
+  TensorFlow module (`tf1 = tf.compat.v1`; not `dtype = tf.float32`)."""
+  top = name
+  while isinstance(parents.get(top), cst.Attribute) and parents[top].value is top:
+    top = parents[top]
+  if not isinstance(parents.get(top), cst.Assign):
+    return False
+  return top is name or top.attr.value in _MODULE_PARTS
 
 
 def _dotted_or_empty(node):

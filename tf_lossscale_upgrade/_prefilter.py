@@ -49,11 +49,15 @@ def _reaches_a_known_name(tree):
   modules = {}  # bound name -> the TensorFlow modules it may denote
   names = []
   attributes = []
+  aliases = []  # `name = a.b.c`: a module may be bound by assignment too
   for node in ast.walk(tree):
     if isinstance(node, ast.Name):
       names.append(node)
     elif isinstance(node, ast.Attribute):
       attributes.append(node)
+    elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+      if isinstance(node.targets[0], ast.Name):
+        aliases.append((node.targets[0].id, _chain(node.value) or _chain_of_name(node.value)))
     elif isinstance(node, ast.Import | ast.ImportFrom):
       for bound, target in _bindings(node):
         if target == "*":
@@ -65,6 +69,16 @@ def _reaches_a_known_name(tree):
           modules.setdefault(bound, set()).add(target)
   if not modules:
     return False
+  for _ in range(len(aliases)):  # aliases of aliases, in any order
+    before = sum(map(len, modules.values()))
+    for bound, parts in aliases:
+      for length in range(1, len(parts) + 1):
+        for target in list(modules.get(".".join(parts[:length]), ())):
+          path = ".".join([target, *parts[length:]])
+          if path in _names.MODULES:
+            modules.setdefault(bound, set()).add(path)
+    if sum(map(len, modules.values())) == before:
+      break
   for name in names:
     if any(_chain_matters(target, []) for target in modules.get(name.id, ())):
       return True
@@ -119,6 +133,10 @@ def _chain_matters(target, rest):
     return True
   # A module used whole (as a value).
   return name in _names.COUNTERPARTS or name in _names.CLAIMED
+
+
+def _chain_of_name(node):
+  return [node.id] if isinstance(node, ast.Name) else []
 
 
 def _chain(attribute):

@@ -423,6 +423,8 @@ class _Planner:
     if use.kind == "module":
       if use.name in _names.COMPLETE:
         return self._spell_out(binding, use, _names.COUNTERPARTS[use.name])
+      if self._follow_module_alias(use):
+        return False
       if _names.COUNTERPARTS.get(use.name) or use.name in _names.CLAIMED:
         self._report(
           use.node,
@@ -443,6 +445,34 @@ class _Planner:
     if done:
       self._check([use])
     return done
+
+  def _follow_module_alias(self, use):
+    """Plans the uses of a module-level name bound once to the module `use`
+    names (`tf1 = tf.compat.v1`), as an import's; returns whether it did (not
+    for a name this file never reads: other modules may)."""
+    statement = self.parents.get(use.node)
+    if not (
+      isinstance(statement, cst.Assign)
+      and statement.value is use.node
+      and len(statement.targets) == 1
+      and isinstance(statement.targets[0].target, cst.Name)
+    ):
+      return False
+    name = statement.targets[0].target
+    for scope in self.scopes:
+      if isinstance(scope, metadata.GlobalScope) and name.value in scope:
+        assignments = list(scope.assignments[name.value])
+        if len(assignments) == 1 and assignments[0].node is name and assignments[0].references:
+          break
+    else:
+      return False
+    binding = _Binding(assignments[0], use.name, None, statement, dotted=False)
+    for alias_use in self._uses(binding):
+      if alias_use.access not in self._planned:
+        self._planned.add(alias_use.access)
+        if self._plan_use(binding, alias_use):
+          self._spelled_out.add(alias_use.access)
+    return True
 
   def _spell_out(self, binding, use, new_name):
     old = _dotted(use.node)
