@@ -127,10 +127,11 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     is not checkpointed (a subclass overriding `update` counts what its
     `update` passes on to `DynamicLossScale.update`). None for any other
     loss scale (a `FixedLossScale` never skips) and in a TF1 graph, where
-    the loss scale has no such variable (a default `Saver` would save it). There, a step is skipped
-    exactly when a gradient given to `apply_gradients` holds an Inf or NaN
-    (on any replica): fetch `tf.reduce_all([tf.reduce_all(tf.math.is_finite(g))
-    for g, _ in grads_and_vars if g is not None])` with the train op.
+    the loss scale has no such variable (a default `Saver` would save it).
+    There, a step is skipped exactly when a gradient given to
+    `apply_gradients` holds an Inf or NaN (on any replica): fetch
+    `tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g, _ in
+    grads_and_vars if g is not None])` with the train op.
 
     >>> var = tf.Variable(1.0)
     >>> opt = MixedPrecisionLossScaleOptimizer(

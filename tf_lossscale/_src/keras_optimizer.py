@@ -673,8 +673,8 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     scaled loss to `apply_gradients`. The next `apply_gradients` of this
     thread in the same graph (or in a conditional or loop of the same
     function) therefore unscales the gradients before anything else; each
-    `scale_loss` call is paired with one `apply_gradients`. Custom loops use `get_scaled_loss` and
-    `get_unscaled_gradients` instead.
+    `scale_loss` call is paired with one `apply_gradients`. Custom loops use
+    `get_scaled_loss` and `get_unscaled_gradients` instead.
 
     Args:
       loss: The loss tensor.
