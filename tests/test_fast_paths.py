@@ -15,11 +15,13 @@
 
 import re
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import helpers
+from tf_lossscale import loss_scale
 from tf_lossscale._src import algorithm, fast_paths, scale_state
 from tf_lossscale.compat.v1.mixed_precision import MixedPrecisionLossScaleOptimizer
 from tf_lossscale.keras.mixed_precision import LossScaleOptimizer
@@ -370,6 +372,53 @@ def test_eager_update_is_one_call_with_the_numbers_of_op_by_op(monkeypatch):
   assert len(calls._concrete) == 1  # pylint: disable=protected-access
   assert fused == run(False)
   assert [f for f, _, _ in fused] == [True, True, False, False, True] * 2
+
+
+def test_a_mirrored_scale_updated_eagerly_outside_its_strategy_moves_every_replica():
+  """Variables made in a strategy's scope, updated outside it: each replica's
+  copy, as TF's class (a handle there is one replica's)."""
+  strategy = helpers.make_strategy("mirrored")
+  with strategy.scope():
+    ours = loss_scale.DynamicLossScale(8.0, 1)
+    tfs = tf.compat.v1.mixed_precision.DynamicLossScale(8.0, 1)
+  for grad in (NAN, 1.0, 1.0):
+    for scale in (ours, tfs):
+      scale.update([tf.constant([grad])])
+  replicas = [strategy.experimental_local_results(s._current_loss_scale) for s in (ours, tfs)]
+  assert [[float(x) for x in r] for r in replicas] == [[16.0, 16.0]] * 2
+  assert [int(x) for x in strategy.experimental_local_results(ours.skipped_steps)] == [1, 1]
+  with strategy.scope():
+    var = tf.Variable([1.0])
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.125), initial_scale=8.0, dynamic_growth_steps=1)
+    opt.build([var])
+  for grad in (NAN, 1.0, 1.0):
+    opt.apply_gradients([(tf.constant([grad]), var)])  # It raised (a replica's handle).
+  assert [x.numpy().tolist() for x in strategy.experimental_local_results(var)] == [[0.75]] * 2
+  assert [float(x) for x in strategy.experimental_local_results(opt.loss_scale)] == [16.0]
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["one_call", "op_by_op"])
+def test_an_apply_that_raises_leaves_the_state_as_it_was(one_call, monkeypatch):
+  monkeypatch.setattr(fast_paths, "_eager_one_call", lambda *_: one_call)
+  scale, counter = tf.Variable(8.0), tf.Variable(1, dtype=tf.int64)
+  skipped = tf.Variable(0, dtype=tf.int64)
+  settings = algorithm.ScaleSettings(8.0, 2, 2.0)
+
+  def apply_fn():
+    raise RuntimeError("the inner optimizer refused")
+
+  for grad in (1.0, NAN):
+    with pytest.raises(RuntimeError, match="refused"):
+      fast_paths.update_scale_variables(
+        scale,
+        counter,
+        [tf.constant(grad)],
+        settings,
+        apply_fn=apply_fn,
+        skip_fn=apply_fn,
+        skipped_var=skipped,
+      )
+    assert (float(scale.numpy()), int(counter.numpy()), int(skipped.numpy())) == (8.0, 1, 0)
 
 
 # --- all_finite: behaviours a faster check must keep --------------------------

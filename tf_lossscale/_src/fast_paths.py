@@ -441,7 +441,7 @@ def _check_and_step(values, *handles_and_settings):
   if len(handles) > 2:
     skipped = tf.cast(tf.logical_not(finite), tf.int64)
     tf.raw_ops.AssignAddVariableOp(resource=handles[2], value=skipped)
-  return finite
+  return finite, scale, counter
 
 
 _check_and_step_call = OneCall(_check_and_step, static_shapes=True)
@@ -452,10 +452,12 @@ _next_state_call = OneCall(
 
 def _eager_one_call(variables, grads):
   """Whether the update can run as `_check_and_step_call`: eagerly outside
-  strategies, with resource variables and dense gradients (IndexedSlices
-  have new shapes every step)."""
+  strategies, with plain resource variables (not a strategy's, made in its
+  scope: a handle is one replica's) and dense gradients (IndexedSlices have
+  new shapes every step)."""
   return (
     eager_outside_strategies()
+    and not any(isinstance(v, tf.distribute.DistributedValues) for v in variables)
     and all(getattr(v, "handle", None) is not None for v in variables)
     and any(g is not None for g in grads)
     and not any(isinstance(g, tf.IndexedSlices) for g in grads)
@@ -479,11 +481,20 @@ def update_scale_variables(
   variables = [v for v in (scale_var, counter_var, skipped_var) if v is not None]
   if _eager_one_call(variables, flat):
     values = [algorithm.gradient_values(g) for g in flat if g is not None]
-    finite = _check_and_step_call(
+    finite, scale, counter = _check_and_step_call(
       values, *[v.handle for v in variables], *_settings_as_tensors(settings)
     )
     if apply_fn is not None:
-      cond(finite, apply_fn, skip_fn)
+      try:
+        cond(finite, apply_fn, skip_fn)
+      except Exception:
+        # The state moved before the apply: an apply that raises leaves it
+        # as it was, as `algorithm`'s order (the apply first) does.
+        scale_var.assign(scale)
+        counter_var.assign(counter)
+        if skipped_var is not None and not finite:
+          skipped_var.assign_sub(1)
+        raise
     _count_if_skipped(count_skip, finite)
     return None, finite
   finite = algorithm.replicas_all_finite(flat, grads_in_sync, check=all_finite)
