@@ -249,21 +249,13 @@ def test_device_check_messages(caplog, gpus, level, text):
   assert text in record.getMessage()
 
 
-def test_device_check_logs_once_for_mixed_float16_only(caplog, monkeypatch):
+@pytest.mark.parametrize("make", ["Policy", "set_policy"])
+def test_device_check_logs_once_for_mixed_float16_only(caplog, monkeypatch, make):
+  """A Policy of that name logs it, and so does set_policy given the name."""
   monkeypatch.setattr(keras_policy._DeviceCheck, "logged", False)  # pylint: disable=protected-access
   with caplog.at_level(logging.INFO, logger="tensorflow"):
-    experimental.Policy("mixed_bfloat16")
-    experimental.Policy("mixed_float16")
-    experimental.Policy("mixed_float16")
-  checks = [r for r in caplog.records if "compatibility check" in r.getMessage()]
-  assert len(checks) == 1
-
-
-def test_device_check_logged_by_set_policy_of_the_name(caplog, monkeypatch):
-  monkeypatch.setattr(keras_policy._DeviceCheck, "logged", False)  # pylint: disable=protected-access
-  with caplog.at_level(logging.INFO, logger="tensorflow"):
-    experimental.set_policy("mixed_bfloat16")
-    experimental.set_policy("mixed_float16")
+    for name in ("mixed_bfloat16", "mixed_float16", "mixed_float16"):
+      getattr(experimental, make)(name)
   experimental.set_policy("float32")
   checks = [r for r in caplog.records if "compatibility check" in r.getMessage()]
   assert len(checks) == 1
