@@ -1000,8 +1000,9 @@ def detail_table(configs, families, memory_kind, notes):
     "ours/peer",
     "ours/peer per round: median (95% interval)",
     "ours ≤ peer",
-    "first call s (plain/floor+cond/peer/ours)",
+    "first call s (plain/floor/floor+cond/peer/ours)",
     "first call ours/plain (each)",
+    "first call floor/plain (each)",
     f"peak MiB, {memory_kind} (plain/peer/ours)",
     "ops run per step (plain/floor+cond/peer/ours)",
   ]
@@ -1016,8 +1017,9 @@ def detail_table(configs, families, memory_kind, notes):
       cells += [_ms(floor, notes), _ms(gated, notes), _ms(peer, notes), _ms(ours, notes)]
       cells += [_ratio(ours, plain, notes), _ratio(ours, peer, notes), *_against_peer(ours, peer)]
       cells += [
-        _num((plain, gated, peer, ours), "first_call_s", ".2f"),
+        _num((plain, floor, gated, peer, ours), "first_call_s", ".2f"),
         _first_call_ratio(ours, plain),
+        _first_call_ratio(floor, plain),
         _num((plain, peer, ours), "peak_mib", ".0f"),
         _num((plain, gated, peer, ours), "ops", "d"),
       ]

@@ -311,6 +311,27 @@ def test_the_first_call_ratio_shows_each_repeat(benchmark):
   assert benchmark._first_call_ratio(ours, plain) == "-"  # pylint: disable=protected-access
 
 
+def test_the_detail_table_shows_the_floor_s_first_call_beside_plain_and_ours(benchmark):
+  # The floor (the check alone, its verdict used as data) bounds what any exact
+  # skip adds to a first call: the table shows it and its ratio to plain.
+  configs = []
+  for impl, firsts in zip(
+    benchmark.IMPLS,
+    ([1.0, 2.0, 1.0], [1.5, 3.0, 1.4], [1.6, 3.2, 1.6], [2.0, 4.0, 2.0], [1.8, 3.6, 1.7]),
+    strict=True,
+  ):
+    cfg = benchmark.Config("w", "xla", "keras3", impl, optimizer="adam", first_calls_s=firsts)
+    cfg.first_call_s = sorted(firsts)[1]
+    cfg.wall_ms = [3.0, 3.0]
+    configs.append(cfg)
+  table = benchmark.detail_table(configs, ["keras3"], "RSS", benchmark.Notes())
+  head, _, row = table.splitlines()
+  cells = dict(zip(head.split(" | "), row.split(" | "), strict=True))
+  assert cells["first call s (plain/floor/floor+cond/peer/ours)"] == "1.00/1.50/1.60/2.00/1.80"
+  assert cells["first call ours/plain (each)"] == "1.80x (1.80, 1.80, 1.70)"
+  assert cells["first call floor/plain (each)"] == "1.50x (1.50, 1.50, 1.40)"
+
+
 def test_xla_first_calls_stop_short_of_the_process_s_memory_map_limit(benchmark, monkeypatch):
   # XLA keeps every compiled function; past vm.max_map_count the next
   # compilation crashes the process. Near it, a configuration is n/a instead.
