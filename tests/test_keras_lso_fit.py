@@ -146,3 +146,26 @@ def test_keras3_saving_keeps_the_options_and_a_run_of_non_finite_steps(tmp_path)
   assert (loaded.min_loss_scale, loaded.max_loss_scale, loaded.hysteresis) == (0.5, 64.0, 2)
   assert (float(loaded.loss_scale), int(loaded.dynamic_counter.numpy())) == (8.0, -1)
   assert int(loaded.iterations.numpy()) == 4
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_keras3_legacy_h5_model_file_restores_what_it_restores_for_a_plain_optimizer(
+  wrap, tmp_path
+):
+  """Keras 3's `load_model` of a `.h5` file builds the optimizer and sets its
+  variables with `set_weights`: ours takes them as its inner optimizer would
+  (Keras 3 builds it for no variables there, so the slots stay unrestored for a
+  plain optimizer too; the scale restarts: the format keeps only `variables`)."""
+  opt = keras.optimizers.Adam(0.01)
+  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  # A loss object: Keras 3 cannot load the string "mse" from a `.h5` file.
+  model.compile(
+    optimizer=mixed_precision.LossScaleOptimizer(opt) if wrap else opt,
+    loss=keras.losses.MeanSquaredError(),
+  )
+  model.fit(X, Y, batch_size=4, epochs=3, verbose=0)
+  model.save(tmp_path / "model.h5")
+  loaded = keras.models.load_model(tmp_path / "model.h5").optimizer
+  assert isinstance(loaded, type(model.optimizer))
+  assert int(loaded.iterations.numpy()) == 3
+  assert [v.name.split("/")[-1] for v in loaded.variables] == ["iteration", "learning_rate"]

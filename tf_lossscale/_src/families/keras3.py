@@ -81,6 +81,10 @@ class Keras3OptimizerApi(keras.optimizers.LossScaleOptimizer):
     """The inner optimizer's variables (the loss scale's are not included)."""
     return self._optimizer.variables
 
+  def set_weights(self, weights):
+    """Sets the inner optimizer's variables (what a legacy `.h5` model file restores)."""
+    self._optimizer.set_weights(weights)
+
   def apply(self, grads, trainable_variables=None):
     """`apply_gradients(zip(grads, trainable_variables))`, Keras 3's spelling."""
     if trainable_variables is None:
