@@ -17,6 +17,7 @@ on, since when, and what happens when it is gone:
 tf_keras): not covered by its API guarantees, so its uses are here too.
 """
 
+import re
 import sys
 
 import keras
@@ -62,6 +63,12 @@ def delegate_tracking(wrapper, trackable):
 
 class FrameworkChangedError(RuntimeError):
   """A TensorFlow/Keras internal that correctness depends on has changed."""
+
+
+def keras_release():
+  """Keras's release as `(major, minor, patch)` (a pre-release as its release)."""
+  numbers = re.findall(r"\d+", keras.__version__)[:3]
+  return tuple(int(n) for n in numbers) + (0,) * (3 - len(numbers))
 
 
 def _version(module_name):
@@ -241,7 +248,7 @@ def keras3_reduce_once(inner, applying_reduced):
 
   Keras 3's TensorFlow optimizer all-reduces the gradients inside `apply`
   whenever it runs in a replica context, through its method
-  `_all_reduce_sum_gradients(grads_and_vars)` (Keras 3.0 to today). The
+  `_all_reduce_sum_gradients(grads_and_vars)` (Keras 3.2.1 to today). The
   LossScaleOptimizer reduces them first, to decide finiteness once for all
   replicas, and then applies the reduced gradients through `inner`: that
   apply must not reduce them again. This replaces the method on `inner` (the
@@ -256,23 +263,22 @@ def keras3_reduce_once(inner, applying_reduced):
   Returns:
     The original reduction, `reduce(grads_and_vars) -> grads_and_vars`.
 
-  Keras 3.0 to 3.2 have no such method and do not all-reduce at all: there
+  Keras 3.0 to 3.2.0 have no such method and do not all-reduce at all: there
   nothing is replaced and the returned reduction sums with the replica
   context's public `all_reduce`.
 
   Raises:
-    FrameworkChangedError: If Keras 3 reduces neither way: a silent second
-      reduction would multiply every gradient by the number of replicas.
+    FrameworkChangedError: If a later Keras has no such method: it may
+      all-reduce another way, and a second reduction would multiply every
+      gradient by the number of replicas.
   """
   reduce = getattr(inner, "_all_reduce_sum_gradients", None)
-  # Keras 3.0 to 3.2 apply each replica's gradients as they are (no all-reduce
-  # at all), in `_distributed_apply_gradients_fn` (3.0) or
-  # `_distributed_tf_update_step` (3.1, 3.2): reduce them here, with the public
-  # replica context.
-  applies_unreduced = ("_distributed_apply_gradients_fn", "_distributed_tf_update_step")
-  if not callable(reduce) and any(callable(getattr(inner, n, None)) for n in applies_unreduced):
-    return _all_reduce_sum
   if not callable(reduce):
+    # Keras 3.0 to 3.2.0 apply each replica's gradients as they are (3.2.1
+    # added the method): reduce them here, with the public replica context.
+    # Decided by the release, not by other members, which later releases keep.
+    if keras_release() < (3, 2, 1):
+      return _all_reduce_sum
     raise _changed(
       "keras",
       "its TensorFlow optimizers no longer all-reduce gradients through "
@@ -324,6 +330,22 @@ def keras3_step_counter(inner):
   """
   counter = getattr(inner, "_iterations", None)
   return inner.iterations if counter is None else counter
+
+
+def keras3_ema_averages(inner):
+  """A Keras 3 optimizer's `(variable, weight average)` pairs (`use_ema=True`).
+
+  Relies on `_model_variables_moving_average`, built in the order of
+  `_trainable_variables` (Keras 3.0 to today).
+
+  Raises:
+    FrameworkChangedError: If either is gone.
+  """
+  averages = getattr(inner, "_model_variables_moving_average", None)
+  variables = getattr(inner, "_trainable_variables", None)
+  if averages is None or variables is None:
+    raise _changed("keras", "the optimizer no longer keeps its weight averages (`use_ema`).")
+  return list(zip(variables, averages, strict=True))
 
 
 def keras3_trainable_variables(inner):

@@ -128,6 +128,22 @@ class Keras3OptimizerApi(keras.optimizers.LossScaleOptimizer):
       self._state.counter.assign(store["1"])
 
 
+def _start_averages_on_a_skipped_first_step(inner, skipped, counter):
+  """Keras 3's weight average starts at its first step's variables, taken when
+  `iterations` is 0 (its average variables start at 0); a skipped step counted
+  there would leave it blending from 0, and `fit` would end by writing that
+  into the model. A skipped step 0 starts it from the variables as they are, as
+  tf_keras's average starts (the steps counted as TF 2.4 counted them)."""
+  pairs = framework_internals.keras3_ema_averages(inner)
+
+  def start():
+    for variable, average in pairs:
+      average.assign(variable)
+
+  first = tf.logical_and(skipped, tf.equal(counter, 0))
+  tf.cond(first, start, lambda: None)
+
+
 class Keras3Family(base.Family):
   """Adapter of a Keras 3 inner optimizer."""
 
@@ -242,6 +258,8 @@ class Keras3Family(base.Family):
       # averages that many finite micro-batches (as Keras 3's own wrapper).
       return
     counter = framework_internals.keras3_step_counter(self.inner)
+    if getattr(self.inner, "use_ema", False):
+      _start_averages_on_a_skipped_first_step(self.inner, skipped, counter)
     counter.assign_add(tf.cast(skipped, counter.dtype))
 
   def hyperparameter_names(self):
