@@ -169,3 +169,28 @@ def test_keras3_legacy_h5_model_file_restores_what_it_restores_for_a_plain_optim
   assert isinstance(loaded, type(model.optimizer))
   assert int(loaded.iterations.numpy()) == 3
   assert [v.name.split("/")[-1] for v in loaded.variables] == ["iteration", "learning_rate"]
+
+
+@pytest.mark.skipif(
+  not hasattr(keras.layers.Dense, "quantize"), reason="this Keras has no float8 training"
+)
+@pytest.mark.parametrize("strategy_name", ["default", "mirrored"])
+def test_keras3_float8_training_as_keras3_s_own_wrapper(strategy_name):
+  """float8 training (`model.quantize("float8")`): its scale variables take
+  their "gradient" as their new value (`overwrite_with_gradient`), neither
+  unscaled nor summed over replicas; every weight as with Keras 3's wrapper."""
+  rng = np.random.RandomState(0)
+  x, y = rng.randn(32, 8).astype("float32"), rng.randn(32, 2).astype("float32")
+  weights = {}
+  for wrap in (mixed_precision.LossScaleOptimizer, keras.optimizers.LossScaleOptimizer):
+    keras.utils.set_random_seed(1)
+    with shared_strategy(strategy_name).scope():
+      model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(2)])
+      model.quantize("float8")
+      model.compile(optimizer=wrap(keras.optimizers.SGD(0.01), initial_scale=1024), loss="mse")
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+    weights[wrap] = [w.numpy() for w in model.weights]
+  ours, theirs = weights.values()
+  assert len(ours) > 4  # The float8 scales and histories among them.
+  for got, want in zip(ours, theirs, strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -836,8 +836,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     grads_and_vars = self._checked_gradients(grads_and_vars)
     aggregate = experimental_aggregate_gradients and not skip_gradients_aggregation
     if self._take_scaled_loss_mark():
-      grads = self.get_unscaled_gradients([g for g, _ in grads_and_vars])
-      grads_and_vars = list(zip(grads, [v for _, v in grads_and_vars], strict=True))
+      grads_and_vars = self._unscaled_pairs(grads_and_vars)
     # As the plain optimizer's (Keras 3's builds even for None gradients); in
     # a graph named as the family's own wrapper named them.
     in_conditional = self.dynamic and self._family.built_in_apply_conditional
@@ -888,6 +887,20 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       # TF 2.4's wording.
       raise ValueError(f"No gradients provided for any variable: {[v.name for _, v in pairs]}.")
     validation.check_gradients_fit(pairs, self._family.gradient_dtype_must_match)
+    return pairs
+
+  def _unscaled_pairs(self, grads_and_vars):
+    """The pairs with their gradients unscaled, after `scale_loss`.
+
+    A Keras 3 variable with `overwrite_with_gradient` (the scales of float8
+    training) takes its "gradient" as its new value: left as it is, as Keras
+    3's own wrapper leaves it.
+    """
+    pairs = list(grads_and_vars)
+    scaled = [i for i, (_, v) in enumerate(pairs) if not _overwritten_with_gradient(v)]
+    unscaled = self.get_unscaled_gradients([pairs[i][0] for i in scaled])
+    for i, grad in zip(scaled, unscaled, strict=True):
+      pairs[i] = (grad, pairs[i][1])
     return pairs
 
   def _apply_cross_replica(self, strategy, grads, wrapped_vars, name, in_sync, inner_aggregates):
@@ -1074,6 +1087,11 @@ def deserialize_inner(cls, config, custom_objects):
   family of `cls` when it is a concrete class, else the family that wrote it."""
   family = getattr(cls, "_family", None) or families.for_config(config)
   return family.deserialize(config, custom_objects)
+
+
+def _overwritten_with_gradient(variable):
+  """Whether Keras 3 assigns `variable` its gradient instead of applying it."""
+  return bool(getattr(variable, "overwrite_with_gradient", False))
 
 
 def settings_only_scope():

@@ -233,7 +233,15 @@ class Keras3Family(base.Family):
   def reduce_gradients(self, grads_and_vars):
     if tf.distribute.get_replica_context() is None:
       return grads_and_vars
-    return list(self._reduce(grads_and_vars))
+    # A variable Keras 3 overwrites with its "gradient" (float8 training's
+    # scales) takes it before Keras 3 reduces the others: never summed.
+    pairs = list(grads_and_vars)
+    summed = [
+      i for i, (_, v) in enumerate(pairs) if not getattr(v, "overwrite_with_gradient", False)
+    ]
+    for i, pair in zip(summed, self._reduce([pairs[i] for i in summed]), strict=True):
+      pairs[i] = pair
+    return pairs
 
   def can_apply_reduced(self):
     return True
