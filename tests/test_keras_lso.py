@@ -682,3 +682,19 @@ def test_keras3_weight_average_after_a_skipped_first_step_starts_from_the_variab
   assert not np.allclose(average, locals_of(strategy, var))  # An average of several steps.
   opt.finalize_variable_values([var])
   np.testing.assert_allclose(locals_of(strategy, var), plain_average)
+
+
+@pytest.mark.parametrize("family", ["keras3", "tf_keras_new"])
+@pytest.mark.parametrize("by", ["var_names", "var_list"])
+def test_exclude_from_weight_decay_reaches_the_inner_optimizer(family, by):
+  """As on the plain optimizer (Keras 3's and tf_keras's wrappers keep it to themselves:
+  the bias decays there)."""
+  results = []
+  for wrap in (False, True):
+    kernel, bias = tf.Variable(1.0, name="kernel"), tf.Variable(1.0, name="bias")
+    inner = make_inner(family, "AdamW", learning_rate=0.1, weight_decay=0.5)
+    opt = mixed_precision.LossScaleOptimizer(inner) if wrap else inner
+    opt.exclude_from_weight_decay(**{by: ["bias"] if by == "var_names" else [bias]})
+    opt.apply_gradients([(tf.constant(0.0), kernel), (tf.constant(0.0), bias)])
+    results.append((float(kernel.numpy()), float(bias.numpy())))
+  assert results[1] == results[0] == (np.float32(0.95), 1.0)

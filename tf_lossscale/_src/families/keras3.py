@@ -85,6 +85,10 @@ class Keras3OptimizerApi(keras.optimizers.LossScaleOptimizer):
     """Sets the inner optimizer's variables (what a legacy `.h5` model file restores)."""
     self._optimizer.set_weights(weights)
 
+  def exclude_from_weight_decay(self, var_list=None, var_names=None):
+    """Excludes variables from the inner optimizer's weight decay."""
+    self._optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
+
   def apply(self, grads, trainable_variables=None):
     """`apply_gradients(zip(grads, trainable_variables))`, Keras 3's spelling."""
     if trainable_variables is None:

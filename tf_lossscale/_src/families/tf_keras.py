@@ -32,6 +32,10 @@ class TfKerasOptimizerApi(
     """Sets the inner optimizer's variables (the `.h5` format's restore)."""
     self._optimizer.set_weights(weights)
 
+  def exclude_from_weight_decay(self, var_list=None, var_names=None):
+    """Excludes variables from the inner optimizer's weight decay."""
+    self._optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
+
   def build(self, var_list):
     """Creates the inner optimizer's variables for `var_list`."""
     self._optimizer.build(var_list)
