@@ -698,3 +698,33 @@ def test_exclude_from_weight_decay_reaches_the_inner_optimizer(family, by):
     opt.apply_gradients([(tf.constant(0.0), kernel), (tf.constant(0.0), bias)])
     results.append((float(kernel.numpy()), float(bias.numpy())))
   assert results[1] == results[0] == (np.float32(0.95), 1.0)
+
+
+@pytest.mark.parametrize("clip", [{"clipnorm": 1.0}, {"global_clipnorm": 1.0}, {"clipvalue": 1.0}])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_clipping_under_mirrored_strategy_clips_the_replicas_sum_as_tf24(family, clip):
+  """The wrapper sums the replicas' gradients first (one finiteness verdict for
+  all), and the inner optimizer clips the sum: as TF 2.4's and tf_keras's
+  optimizers and wrappers do. A plain Keras 3 optimizer clips each replica's
+  gradients before summing them: with a Keras 3 inner, this step differs there."""
+  strategy = shared_strategy("mirrored")
+  results = []
+  for make in (
+    lambda: mixed_precision.LossScaleOptimizer(make_inner(family, learning_rate=1.0, **clip)),
+    lambda: tf_keras.mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.legacy.SGD(learning_rate=1.0, **clip)
+    ),
+  ):
+    with strategy.scope():
+      var, opt = tf.Variable([0.0, 0.0]), make()
+
+    def replica_fn(opt=opt, var=var):
+      first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+      opt.apply_gradients([(tf.where(first, [3.0, 0.0], [0.5, 4.0]), var)])
+
+    tf.function(lambda replica_fn=replica_fn: strategy.run(replica_fn))()
+    results.append(locals_of(strategy, var))
+  ours, tf_keras_lso = results
+  np.testing.assert_allclose(ours, tf_keras_lso, rtol=1e-6)
+  summed_then_clipped = {"clipvalue": [-1.0, -1.0]}.get(next(iter(clip)), [-0.658505, -0.752577])
+  np.testing.assert_allclose(ours[0], summed_then_clipped, rtol=1e-5)
