@@ -115,8 +115,8 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     self._loss_scale = loss_scale_module.get(loss_scale)
     if self._loss_scale is None:
       raise ValueError("loss_scale cannot be None")
-    self._track_trackable(self._optimizer, "base_optimizer")
-    self._track_trackable(self._loss_scale, "loss_scale")
+    framework_internals.track_child(self, self._optimizer, "base_optimizer")
+    framework_internals.track_child(self, self._loss_scale, "loss_scale")
 
   @property
   def skipped_steps(self) -> tf.Variable | None:

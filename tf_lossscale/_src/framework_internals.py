@@ -2,16 +2,22 @@
 
 Those three packages release independently of tf_lossscale and may rename or
 drop any private member in any release. Nothing else in tf_lossscale imports
-`tensorflow.python`, `keras.src` or `tf_keras.src`, or touches another
-package's private attribute (ruff's SLF001 enforces it everywhere but here).
+`tensorflow.python`, `keras.src` or `tf_keras.src`, touches another
+package's private attribute (ruff's SLF001 enforces it everywhere but here),
+or calls a private method inherited from their classes (tests/test_structure.py).
 Each use sits behind one small function whose docstring says what it relies
 on, since when, and what happens when it is gone:
 
 * a speed-up whose internal is missing falls back to the public-API path
   (slower, same numbers);
 * a correctness-critical one raises `FrameworkChangedError` naming the
-  package and version, when the optimizer is built: never a silent change of
-  behaviour (such as gradients all-reduced twice).
+  package and version, when the optimizer is built (for tf_keras's, when a
+  tf_keras optimizer is wrapped; for the checkpoint protocol, on import):
+  never a silent change of behaviour (such as gradients all-reduced twice).
+
+What our subclasses override is not a use: the Trackable protocol's hooks
+(below) and OptimizerV2's (`_V2_MEMBERS`, checked when one is wrapped).
+The fallbacks are tested with their internal gone (tests/test_structure.py).
 
 `tf.__internal__` is TensorFlow's namespace for its own libraries (Keras,
 tf_keras): not covered by its API guarantees, so its uses are here too.
@@ -36,12 +42,66 @@ try:
 except ImportError:
   _global_state = None
 
-# The checkpoint-tracking base classes (TF >= 2.5). The Trackable protocol our
-# subclasses implement: `_trackable_children`, `_lookup_dependency`,
-# `_track_trackable`, `_handle_deferred_dependencies` (the documented way to
-# write a trackable; TF's own Keras and tf_keras rely on it too).
-Trackable = tf.__internal__.tracking.Trackable
-DelegatingTrackableMixin = tf.__internal__.tracking.DelegatingTrackableMixin
+
+class FrameworkChangedError(RuntimeError):
+  """A TensorFlow/Keras internal that correctness depends on has changed."""
+
+
+def _version(module_name):
+  try:
+    return __import__(module_name).__version__
+  except (ImportError, AttributeError):
+    return "unknown"
+
+
+def _changed(package, what):
+  return FrameworkChangedError(
+    f"tf_lossscale cannot work safely with {package} {_version(package)}: {what} "
+    "Please report this with the versions of tensorflow, keras and tf_keras you use."
+  )
+
+
+# The Trackable protocol our checkpointed classes implement (TF >= 2.5; TF's
+# own Keras and tf_keras rely on it too): they override `_trackable_children`
+# and `_lookup_dependency`, and call `_track_trackable` and
+# `_handle_deferred_dependencies` (through `track_child` and
+# `restore_deferred` below).
+_TRACKABLE_PROTOCOL = (
+  "_trackable_children",
+  "_lookup_dependency",
+  "_track_trackable",
+  "_handle_deferred_dependencies",
+)
+
+
+def _tracking_base(name):
+  """`tf.__internal__.tracking.<name>`, a base of our checkpointed classes.
+
+  Raises:
+    FrameworkChangedError: If it, or a member of the protocol above, is gone
+      (nothing could be checkpointed: raised when tf_lossscale is imported).
+  """
+  base = getattr(getattr(getattr(tf, "__internal__", None), "tracking", None), name, None)
+  missing = [m for m in _TRACKABLE_PROTOCOL if base is not None and not hasattr(base, m)]
+  if base is None or missing:
+    gone = f"`tf.__internal__.tracking.{name}`" + (f" lost {', '.join(missing)}" if missing else "")
+    raise _changed("tensorflow", f"{gone}, which checkpointing needs, is gone.")
+  return base
+
+
+Trackable = _tracking_base("Trackable")
+DelegatingTrackableMixin = _tracking_base("DelegatingTrackableMixin")
+
+
+def track_child(parent, child, name, overwrite=False):
+  """Makes `child` the checkpoint dependency `name` of `parent`."""
+  parent._track_trackable(child, name, overwrite=overwrite)
+
+
+def restore_deferred(parent, name, child):
+  """Gives `child`, just made as `parent`'s dependency `name`, what a checkpoint
+  restored into `parent` before `child` existed holds for it."""
+  parent._handle_deferred_dependencies(name=name, trackable=child)
 
 
 def delegate_tracking(wrapper, trackable):
@@ -61,28 +121,10 @@ def delegate_tracking(wrapper, trackable):
   return isinstance(trackable, Trackable)
 
 
-class FrameworkChangedError(RuntimeError):
-  """A TensorFlow/Keras internal that correctness depends on has changed."""
-
-
 def keras_release():
   """Keras's release as `(major, minor, patch)` (a pre-release as its release)."""
   numbers = re.findall(r"\d+", keras.__version__)[:3]
   return tuple(int(n) for n in numbers) + (0,) * (3 - len(numbers))
-
-
-def _version(module_name):
-  try:
-    return __import__(module_name).__version__
-  except (ImportError, AttributeError):
-    return "unknown"
-
-
-def _changed(package, what):
-  return FrameworkChangedError(
-    f"tf_lossscale cannot work safely with {package} {_version(package)}: {what} "
-    "Please report this with the versions of tensorflow, keras and tf_keras you use."
-  )
 
 
 # --- TensorFlow -----------------------------------------------------------------

@@ -138,7 +138,7 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
 
   def __new__(cls, *args, **kwargs):
     del args, kwargs
-    if cls is LossScaleMonitor and "tf_keras" in sys.modules:
+    if cls is LossScaleMonitor and sys.modules.get("tf_keras") is not None:
       cls = _tf_keras_class()
     return super().__new__(cls)
 

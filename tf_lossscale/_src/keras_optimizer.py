@@ -452,11 +452,11 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     if not framework_internals.delegate_tracking(self, inner_optimizer):
       return
     if self.dynamic:
-      self._track_trackable(loss_scale, "loss_scale", overwrite=True)
+      framework_internals.track_child(self, loss_scale, "loss_scale", overwrite=True)
     if hasattr(inner_optimizer, "get_slot_names"):
       # Only optimizers with slot variables (OptimizerV2) existed in TF 2.2.
-      self._track_trackable(
-        _BaseOptimizerPlaceholder(inner_optimizer), "base_optimizer", overwrite=True
+      framework_internals.track_child(
+        self, _BaseOptimizerPlaceholder(inner_optimizer), "base_optimizer", overwrite=True
       )
 
   def _set_internal(self, name, value):

@@ -123,7 +123,7 @@ class LossScale(framework_internals.Trackable, metaclass=abc.ABCMeta):
       aggregation=tf.VariableAggregation.NONE,
     )
     self._weights[key] = variable
-    self._handle_deferred_dependencies(name=name, trackable=variable)
+    framework_internals.restore_deferred(self, name, variable)
     framework_internals.tf_keras_track_variable(variable)
     return variable
 

@@ -37,6 +37,7 @@ Adding a family, a checklist:
 import importlib
 import sys
 
+from tf_lossscale._src import framework_internals
 from tf_lossscale._src.families import keras3
 from tf_lossscale._src.families.base import Family, tf24_hyperparameters, written_by_tf_keras
 
@@ -44,13 +45,33 @@ __all__ = ["Family", "families", "for_config", "for_optimizer", "register_public
 __all__ += ["registration", "tf24_hyperparameters", "written_by_tf_keras"]
 
 
+# The FrameworkChangedError that keeps the tf_keras families out, once one was raised.
+_TF_KERAS_CHANGED = []
+
+
 def _family_modules():
   """The modules of the families to try, in order: Keras 3 first."""
   modules = [keras3]
-  if "tf_keras" in sys.modules:
+  if sys.modules.get("tf_keras") is not None and not _TF_KERAS_CHANGED:
     # Imported only now: tf_keras is optional, and slow to import.
-    modules += [importlib.import_module(f"{__name__}.{n}") for n in ("tf_keras_legacy", "tf_keras")]
+    try:
+      modules += [
+        importlib.import_module(f"{__name__}.{n}") for n in ("tf_keras_legacy", "tf_keras")
+      ]
+    except framework_internals.FrameworkChangedError as error:
+      # A tf_keras we cannot wrap safely: its optimizers are refused (with
+      # this error), the other families work.
+      _TF_KERAS_CHANGED.append(error)
   return modules
+
+
+def _raise_if_tf_keras_changed(optimizer=None):
+  tf_keras = sys.modules.get("tf_keras")
+  if not _TF_KERAS_CHANGED or tf_keras is None:
+    return
+  kinds = (tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer)
+  if optimizer is None or isinstance(optimizer, kinds):
+    raise _TF_KERAS_CHANGED[0]
 
 
 # Registered name -> (public wrapper class, the class its configs deserialize as).
@@ -105,6 +126,7 @@ def for_optimizer(optimizer):
   for family in families():
     if family.accepts(optimizer):
       return family
+  _raise_if_tf_keras_changed(optimizer)
   return None
 
 
@@ -118,10 +140,17 @@ def for_config(config):
   if written_by_tf_keras(config):
     try:
       importlib.import_module("tf_keras")
-    except ImportError:
+    except ImportError as error:
       if "module" in config:
-        raise
+        raise ModuleNotFoundError(
+          f"This optimizer config was written by tf_keras (module {config['module']!r}), which "
+          "is not installed: pip install 'tf-lossscale[tf-keras]' (tf_keras must have your "
+          "TensorFlow's minor version)",
+          name="tf_keras",
+        ) from error
       return keras3.FAMILY
+    families()
+    _raise_if_tf_keras_changed()
   for family in families():
     if family.claims_config(config):
       return family
