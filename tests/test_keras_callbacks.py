@@ -231,7 +231,7 @@ def test_raise_closes_the_summary_writer(tmp_path):
   monitor = callbacks.LossScaleMonitor(
     min_scale_patience=2, on_min_scale="raise", tensorboard=str(tmp_path)
   )
-  with pytest.raises(RuntimeError):
+  with pytest.raises(RuntimeError, match=r"^The loss scale has sat at its minimum"):
     _fit(model, x, y, batch, [monitor])
   assert monitor._writer is None  # pylint: disable=protected-access (fit calls no on_train_end)
 

@@ -151,6 +151,13 @@ def test_cannot_wrap_a_loss_scale_optimizer(make_lso):
     ("RMSprop", {"rho": 0.8, "momentum": 0.1}, {"rho": 0.8, "momentum": 0.1}),
     ("Adadelta", {"rho": 0.8}, {"rho": 0.8}),
     ("Ftrl", {"l1_regularization_strength": 0.25}, {"l1_regularization_strength": 0.25}),
+    ("Adamax", {"beta_1": 0.8, "beta_2": 0.9}, {"beta_1": 0.8, "beta_2": 0.9}),
+    ("Nadam", {"beta_1": 0.8, "beta_2": 0.9}, {"beta_1": 0.8, "beta_2": 0.9}),
+    (
+      "Ftrl",
+      {"learning_rate_power": -0.25, "l2_regularization_strength": 0.25, "beta": 0.5},
+      {"learning_rate_power": -0.25, "l2_regularization_strength": 0.25, "beta": 0.5},
+    ),
   ],
 )
 def test_hyperparameter_delegation(family, kind, kwargs, delegated):
@@ -164,6 +171,25 @@ def test_hyperparameter_delegation(family, kind, kwargs, delegated):
   opt.lr = 0.25
   assert float(np.asarray(opt.inner_optimizer.learning_rate)) == 0.25
   assert {"lr", "learning_rate", "iterations", "clipnorm"} <= set(dir(opt))
+
+
+def test_decay_of_an_optimizer_v2_is_delegated():
+  """TF 2.4's OptimizerV2 of every kind had `decay` (tf_keras's legacy ones keep it)."""
+  opt = LSO(tf_keras.optimizers.legacy.Adagrad(0.5, decay=0.25))
+  assert float(np.asarray(opt.decay)) == 0.25 and "decay" in dir(opt)
+  opt.decay = 0.125
+  assert float(np.asarray(opt.inner_optimizer.decay)) == 0.125
+
+
+@pytest.mark.parametrize("attr", ["clipnorm", "clipvalue", "global_clipnorm"])
+def test_clipping_set_through_the_wrapper_clips_the_next_step(family, attr):
+  """As tf_keras's wrapper: the setter reaches the inner optimizer."""
+  inner = make_inner(family, learning_rate=1.0)
+  opt, var = LSO(inner, initial_scale=8), tf.Variable([1.0, 1.0])
+  setattr(opt, attr, 1.0)
+  assert getattr(inner, attr) == 1.0
+  opt.apply_gradients([(tf.constant([3.0, 4.0]), var)])
+  np.testing.assert_allclose(var.numpy(), [0.0, 0.0] if attr == "clipvalue" else [0.4, 0.2])
 
 
 def test_non_hyperparameters_are_not_delegated(family):
