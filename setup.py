@@ -20,8 +20,13 @@ setup(
   # never imports TensorFlow (tf_lossscale.upgrade re-exports it).
   packages=find_packages(include=["tf_lossscale", "tf_lossscale.*", "tf_lossscale_upgrade"]),
   python_requires=">=3.10",
-  install_requires=["tensorflow>=2.16", "numpy", "absl-py"],
+  # TensorFlow is not required by name: pip would install the `tensorflow`
+  # wheel over `tensorflow-cpu`, tf-nightly or another build of it. The import
+  # checks for TensorFlow >= 2.16; the extras below install one.
+  install_requires=["numpy"],
   extras_require={
+    "tensorflow": ["tensorflow>=2.16"],
+    "tensorflow-cpu": ["tensorflow-cpu>=2.16"],
     # tf_keras must match TensorFlow's minor version; pin both together.
     "tf-keras": ["tf-keras>=2.16"],
     # The source migration tool, `tf-lossscale-upgrade`.
@@ -45,6 +50,7 @@ setup(
     "console_scripts": ["tf-lossscale-upgrade = tf_lossscale_upgrade:main"],
   },
   license="Apache-2.0",
+  license_files=["LICENSE"],
   classifiers=[
     "Programming Language :: Python :: 3",
     "Topic :: Scientific/Engineering :: Artificial Intelligence",

@@ -402,3 +402,41 @@ def test_without_tf_s_tracking_base_the_import_names_what_changed(tmp_path):
   assert (
     "`tf.__internal__.tracking.DelegatingTrackableMixin`, which checkpointing needs" in done.stdout
   )
+
+
+_IMPORT_WITH = """
+import sys
+if "{tensorflow}" == "none":
+  sys.modules["tensorflow"] = None  # not installed
+else:
+  import tensorflow as tf
+  tf.__version__ = "{tensorflow}"
+try:
+  import tf_lossscale
+except ImportError as error:
+  print(type(error).__name__, error)
+else:
+  print("imported")
+"""
+
+
+@pytest.mark.parametrize(
+  ("tensorflow", "expected"),
+  [
+    (
+      "none",
+      "ModuleNotFoundError tf_lossscale needs TensorFlow >= 2.16, and none is installed: "
+      "pip install 'tf-lossscale[tensorflow]'",
+    ),
+    ("2.15.1", "ImportError tf_lossscale needs TensorFlow >= 2.16; this is TensorFlow 2.15.1"),
+    ("2.16.0rc0", "imported"),
+  ],
+)
+def test_importing_without_a_recent_enough_tensorflow_says_how_to_install_one(
+  tmp_path, tensorflow, expected
+):
+  """pip installs no TensorFlow by name (it would put `tensorflow` over
+  `tensorflow-cpu` or tf-nightly): the import says what is missing."""
+  done = helpers.run_script(tmp_path, _IMPORT_WITH.format(tensorflow=tensorflow), None)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.startswith(expected), done.stdout

@@ -1229,3 +1229,26 @@ def test_rewritten_program_runs_and_prints_what_it_promises(name, program_output
 @pytest.mark.slow
 def test_importing_tf_lossscale_does_not_import_libcst(program_outputs):
   assert program_outputs["libcst"] == "imported: False\n"
+
+
+_WITHOUT_LIBCST = """
+import sys
+sys.modules["libcst"] = None  # not installed
+import tf_lossscale_upgrade
+status = tf_lossscale_upgrade.main(["train.py"])
+try:
+  from tf_lossscale_upgrade import upgrade_source
+except ImportError as error:
+  print("ImportError", error)
+sys.exit(status)
+"""
+
+
+def test_without_libcst_the_command_says_what_to_install(tmp_path):
+  """The console script (`tf_lossscale_upgrade:main`) exits 1 with one line, no traceback."""
+  done = helpers.run_script(tmp_path, _WITHOUT_LIBCST, None)
+  assert done.returncode == 1
+  assert done.stderr == "tf-lossscale-upgrade needs libcst: pip install 'tf-lossscale[upgrade]'\n"
+  assert done.stdout == (
+    "ImportError tf-lossscale-upgrade needs libcst: pip install 'tf-lossscale[upgrade]'\n"
+  )

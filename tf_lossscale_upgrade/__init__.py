@@ -38,14 +38,28 @@ A name that only looks like TensorFlow's is left alone:
 True
 """
 
-try:
-  import libcst  # noqa: F401
-except ImportError as error:
-  raise ImportError(
-    "tf-lossscale-upgrade needs libcst: pip install tf-lossscale[upgrade]"
-  ) from error
-
-from tf_lossscale_upgrade._cli import main
-from tf_lossscale_upgrade._rewrite import Finding, Result, upgrade_source
+import sys
 
 __all__ = ["Finding", "Result", "main", "upgrade_source"]
+
+_NEEDS_LIBCST = "tf-lossscale-upgrade needs libcst: pip install 'tf-lossscale[upgrade]'"
+
+try:
+  import libcst  # noqa: F401
+except ImportError as _missing:
+  _MISSING = _missing
+
+  def main(argv=None):
+    """Without libcst, the command says what to install (exit status 1)."""
+    del argv
+    print(_NEEDS_LIBCST, file=sys.stderr)
+    return 1
+
+  def __getattr__(name):
+    if name in __all__:
+      raise ImportError(_NEEDS_LIBCST) from _MISSING
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+else:
+  from tf_lossscale_upgrade._cli import main
+  from tf_lossscale_upgrade._rewrite import Finding, Result, upgrade_source
