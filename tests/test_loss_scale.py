@@ -160,6 +160,34 @@ def test_update_in_cross_replica_context_under_mirrored_strategy_with_plain_grad
   assert [v.numpy() for v in ls._current_loss_scale.values] == [8.0, 8.0]
 
 
+@pytest.mark.parametrize("in_function", [False, True])
+def test_update_inside_strategy_run_says_where_to_call_it_and_the_merge_call_works(in_function):
+  """TF's class fails there with "'NoneType' object has no attribute 'extended'"."""
+  strategy = helpers.make_strategy("mirrored")
+  with strategy.scope():
+    ls = loss_scale.DynamicLossScale(initial_loss_scale=8.0, increment_period=1)
+
+  def grad():
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    return tf.where(tf.equal(replica, 1), NAN, 1.0)  # non-finite on one replica
+
+  def direct():
+    return ls.update([grad()])[1]
+
+  def merged():
+    merge = lambda _, grads: ls.update(grads)[1]  # noqa: E731
+    return tf.distribute.get_replica_context().merge_call(merge, args=([grad()],))
+
+  wrap = tf.function if in_function else (lambda f: f)
+  with pytest.raises(
+    RuntimeError, match=r"DynamicLossScale.update\(\) must be called in a cross-replica context"
+  ):
+    wrap(lambda: strategy.run(direct))()
+  should_apply = wrap(lambda: strategy.run(merged))()
+  assert not any(bool(v) for v in strategy.experimental_local_results(should_apply))
+  assert [v.numpy() for v in ls._current_loss_scale.values] == [4.0, 4.0]  # halved once
+
+
 # --- DynamicLossScale: defaults, properties, repr ----------------------------
 
 

@@ -472,6 +472,16 @@ class DynamicLossScale(LossScale):
     Under a strategy every replica's gradients are checked and one non-finite
     replica makes all replicas skip.
     """
+    replica = tf.distribute.get_replica_context()
+    if tf.distribute.has_strategy() and replica is not None:
+      raise RuntimeError(
+        "DynamicLossScale.update() must be called in a cross-replica context, where it "
+        "checks every replica's gradients at once; it was called in replica "
+        f"{replica.replica_id_in_sync_group} of {type(tf.distribute.get_strategy()).__name__} "
+        "(inside `strategy.run`). There, call it through "
+        "`tf.distribute.get_replica_context().merge_call(lambda _, g: loss_scale.update(g), "
+        "args=(grads,))`."
+      )
     update_op, should_apply_gradients = _DYNAMIC_STATES[self].update(grads)
     if update_op is not None:
       # In a graph, a tensor, as TF's: it can be fetched, returned from a
