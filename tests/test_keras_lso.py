@@ -650,14 +650,23 @@ def test_keras3_weight_average_after_a_skipped_first_step_starts_from_the_variab
   `iterations`, as in TF 2.4; Keras 3's weight average (`use_ema`) would then
   blend from its zero start, and `fit` ends by writing that average into the
   model. It starts from the variables instead, as tf_keras's average starts:
-  as the plain optimizer's after a first step that moves nothing."""
+  as the plain optimizer's after a first step that moves nothing. (Keras < 3.0.5
+  starts its average at its first applied step, by a flag: as a plain
+  optimizer's that never saw the skipped step.)"""
   if strategy.num_replicas_in_sync > 1 and mode is tf.function:
     pytest.skip(
       "a plain Keras 3 optimizer with use_ema fails there (destinations can not be empty)"
     )
   ema = dict(use_ema=True, ema_momentum=0.5)
+  probe = keras.optimizers.SGD(**ema)
+  probe.build([tf.Variable(1.0)])
+  starts_at_its_first_apply = hasattr(probe, "_ema_vars_initialized")  # Keras < 3.0.5
+  if starts_at_its_first_apply and mode is tf.function:
+    pytest.skip("this Keras starts the average by a Python flag, read once when traced")
   runs = {}
-  for name, first_grad in (("ours", float("nan")), ("plain", 0.0)):
+  for name, first_grads in (("ours", [[float("nan"), 0.0]]), ("plain", [[0.0, 0.0]])):
+    if name == "plain" and starts_at_its_first_apply:
+      first_grads = []
     with strategy.scope():
       var = tf.Variable([1.0, 2.0])
       inner = keras.optimizers.SGD(0.1, **ema)
@@ -670,9 +679,9 @@ def test_keras3_weight_average_after_a_skipped_first_step_starts_from_the_variab
       strategy.run(replica_fn, args=(grad,))
 
     run = tf.function(run, jit_compile=True) if jit and mode is tf.function else mode(run)
-    for grad in ([first_grad, 0.0], [1.0, 1.0], [2.0, -1.0]):
+    for grad in [*first_grads, [1.0, 1.0], [2.0, -1.0]]:
       run(tf.constant(grad))
-    assert count(inner.iterations) == 3
+    assert count(inner.iterations) == 2 + len(first_grads)
     (average,) = inner._model_variables_moving_average
     runs[name] = (opt, var, locals_of(strategy, average))
   (opt, var, average), (_, plain_var, plain_average) = runs["ours"], runs["plain"]
