@@ -4,6 +4,7 @@ import keras
 import multi_worker_job as job
 import numpy as np
 import pytest
+import tensorflow as tf
 import tf_keras
 from test_keras_lso import locals_of, shared_strategy
 
@@ -193,4 +194,32 @@ def test_keras3_float8_training_as_keras3_s_own_wrapper(strategy_name):
   ours, theirs = weights.values()
   assert len(ours) > 4  # The float8 scales and histories among them.
   for got, want in zip(ours, theirs, strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.skipif(
+  not hasattr(keras.layers.Dense, "quantize"), reason="this Keras has no float8 training"
+)
+def test_keras3_float8_training_with_a_weight_average_in_a_custom_loop():
+  """The float8 scales have no weight average (Keras 3 keeps None for them)."""
+  rng = np.random.RandomState(0)
+  x, y = rng.randn(16, 8).astype("float32"), rng.randn(16, 2).astype("float32")
+  weights = []
+  for wrap in (mixed_precision.LossScaleOptimizer, keras.optimizers.LossScaleOptimizer):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(2)])
+    model.quantize("float8")
+    opt = wrap(keras.optimizers.SGD(0.01, use_ema=True), initial_scale=1024)
+
+    @tf.function
+    def step(model=model, opt=opt):
+      with tf.GradientTape() as tape:
+        loss = opt.scale_loss(tf.reduce_mean(tf.square(model(x, training=True) - y)))
+      grads = tape.gradient(loss, model.trainable_variables)
+      opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    for _ in range(3):
+      step()
+    weights.append([w.numpy() for w in model.weights])
+  for got, want in zip(*weights, strict=True):
     np.testing.assert_allclose(got, want, rtol=1e-6)

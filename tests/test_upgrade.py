@@ -1232,23 +1232,34 @@ def test_importing_tf_lossscale_does_not_import_libcst(program_outputs):
 
 
 _WITHOUT_LIBCST = """
-import sys
+import runpy, sys
 sys.modules["libcst"] = None  # not installed
-import tf_lossscale_upgrade
-status = tf_lossscale_upgrade.main(["train.py"])
+sys.argv = ["tf-lossscale-upgrade", "train.py"]
 try:
-  from tf_lossscale_upgrade import upgrade_source
+  runpy.run_module("{module}", run_name="__main__")
+except SystemExit as done:
+  status = done.code
+try:
+  from {module} import upgrade_source
 except ImportError as error:
   print("ImportError", error)
 sys.exit(status)
 """
 
 
-def test_without_libcst_the_command_says_what_to_install(tmp_path):
-  """The console script (`tf_lossscale_upgrade:main`) exits 1 with one line, no traceback."""
-  done = helpers.run_script(tmp_path, _WITHOUT_LIBCST, None)
-  assert done.returncode == 1
-  assert done.stderr == "tf-lossscale-upgrade needs libcst: pip install 'tf-lossscale[upgrade]'\n"
+@pytest.mark.parametrize("module", ["tf_lossscale_upgrade", "tf_lossscale.upgrade"])
+def test_without_libcst_the_command_says_what_to_install(tmp_path, module):
+  """`python -m ...` (and the console script, the same `main`) exits 1 with one
+  line, no traceback; the library's names raise ImportError with that line."""
+  done = helpers.run_script(tmp_path, _WITHOUT_LIBCST.format(module=module), None)
+  assert done.returncode == 1, done.stderr[-3000:]
+  assert (
+    done.stderr.endswith(
+      "\ntf-lossscale-upgrade needs libcst: pip install 'tf-lossscale[upgrade]'\n"
+    )
+    or done.stderr == "tf-lossscale-upgrade needs libcst: pip install 'tf-lossscale[upgrade]'\n"
+  )
+  assert "Traceback" not in done.stderr
   assert done.stdout == (
     "ImportError tf-lossscale-upgrade needs libcst: pip install 'tf-lossscale[upgrade]'\n"
   )

@@ -378,7 +378,8 @@ def keras3_ema_averages(inner):
   """A Keras 3 optimizer's `(variable, weight average)` pairs (`use_ema=True`).
 
   Relies on `_model_variables_moving_average`, built in the order of
-  `_trainable_variables` (Keras 3.0 to today).
+  `_trainable_variables` (Keras 3.0 to today), None for a variable Keras
+  overwrites with its gradient (float8 training's scales): those have none.
 
   Raises:
     FrameworkChangedError: If either is gone.
@@ -387,7 +388,7 @@ def keras3_ema_averages(inner):
   variables = getattr(inner, "_trainable_variables", None)
   if averages is None or variables is None:
     raise _changed("keras", "the optimizer no longer keeps its weight averages (`use_ema`).")
-  return list(zip(variables, averages, strict=True))
+  return [(v, a) for v, a in zip(variables, averages, strict=True) if a is not None]
 
 
 def keras3_trainable_variables(inner):

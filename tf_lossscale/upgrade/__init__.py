@@ -14,6 +14,15 @@ import tf_lossscale
 s = tf_lossscale.mixed_precision.experimental.FixedLossScale(8)
 """
 
-from tf_lossscale_upgrade import Finding, Result, main, upgrade_source
+import tf_lossscale_upgrade
+
+try:
+  from tf_lossscale_upgrade import Finding, Result, main, upgrade_source
+except ImportError:  # No libcst: the command says what to install; the names raise.
+  from tf_lossscale_upgrade import main
+
+  def __getattr__(name):
+    return getattr(tf_lossscale_upgrade, name)
+
 
 __all__ = ["Finding", "Result", "main", "upgrade_source"]
