@@ -1263,3 +1263,18 @@ def test_without_libcst_the_command_says_what_to_install(tmp_path, module):
   assert done.stdout == (
     "ImportError tf-lossscale-upgrade needs libcst: pip install 'tf-lossscale[upgrade]'\n"
   )
+
+
+@pytest.mark.parametrize(
+  ("text", "where"),
+  [
+    ("import tensorflow as tf\nb = 2\nc = )\n", "(line 3, column 5): unmatched ')'"),
+    ("import tensorflow as tf\nprint 'step'\n", "(line 2, column 1): Missing parentheses"),
+  ],
+)
+def test_a_syntax_error_is_reported_where_python_reports_it(tmp_path, text, where):
+  """libcst's own position can be off (line 1 for the first case)."""
+  (tmp_path / "bad.py").write_text(text + "opt = tf.keras.mixed_precision.LossScaleOptimizer(o)\n")
+  result = _tool(str(tmp_path / "bad.py"))
+  assert result.returncode == 2
+  assert f"bad.py: error: not valid Python {where}" in result.stderr, result.stderr

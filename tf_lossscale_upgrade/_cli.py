@@ -1,6 +1,7 @@
 """The `tf-lossscale-upgrade` command line."""
 
 import argparse
+import ast
 import concurrent.futures
 import dataclasses
 import difflib
@@ -208,7 +209,7 @@ def _upgrade_path_in_worker(path):
 
 
 def _upgrade_path(path):
-  result = _FileResult(path)
+  result, is_notebook = _FileResult(path), False
   try:
     if path == "-":
       result.path = "<stdin>"
@@ -225,7 +226,7 @@ def _upgrade_path(path):
       is_notebook = path == "-" and _notebook.is_notebook(result.old)
     (_upgrade_notebook if is_notebook else _upgrade_python)(result)
   except (OSError, UnicodeDecodeError, SyntaxError, ValueError, cst.ParserSyntaxError) as error:
-    result.error = _error_text(error)
+    result.error = _error_text(error, None if is_notebook else result.old)
   return result
 
 
@@ -288,7 +289,15 @@ def _count(number, noun):
   return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
-def _error_text(error):
-  if isinstance(error, cst.ParserSyntaxError):
-    return f"not valid Python (line {error.raw_line}, column {error.raw_column}): {error.message}"
-  return str(error)
+def _error_text(error, text=None):
+  """The error's report; for a syntax error, Python's own position and words
+  where Python refuses the text too (libcst's position can be off)."""
+  if not isinstance(error, cst.ParserSyntaxError):
+    return str(error)
+  line, column, message = error.raw_line, error.raw_column + 1, error.message
+  if text is not None:
+    try:
+      compile(text, "<file>", "exec", flags=ast.PyCF_ONLY_AST)
+    except SyntaxError as python_error:
+      line, column, message = python_error.lineno, python_error.offset, python_error.msg
+  return f"not valid Python (line {line}, column {column}): {message}"

@@ -103,7 +103,8 @@ def upgrade_source(code):
     and per rewritten use that a person should check.
 
   Raises:
-    libcst.ParserSyntaxError: If `code` is not valid Python.
+    libcst.ParserSyntaxError: If `code` is not valid Python (text naming none
+      of the loss-scaling words is returned unparsed).
   """
   if not _prefilter.worth_parsing(code):
     return Result(code, ())
