@@ -5,10 +5,10 @@ two thirds of the tool's time on a file that needs analysing. The tool only
 asks about names bound by imports, and in the code nearly all projects write
 (imports at module level, their names never rebound, only read) the answer
 needs no scope model: every read of such a name after its imports refers to
-them. A TensorFlow name read as the value of an assignment that may bind a
-module (`tf1 = tf.compat.v1`, which the planner follows) is not that case. `analyse` recognises that case and answers it in the pass that records
-the tree's structure; in any other case it answers None and the caller uses
-`ScopeProvider`. The objects it returns answer the questions the planner asks
+them. `analyse` recognises that case and answers it in the pass that records
+the tree's structure; in any other case (also a TensorFlow name read as the
+value of an assignment that may bind a module, `tf1 = tf.compat.v1`, which the
+planner follows) it answers None and the caller uses `ScopeProvider`. The objects it returns answer the questions the planner asks
 exactly as `ScopeProvider`'s would (tests/test_upgrade.py compares them).
 """
 

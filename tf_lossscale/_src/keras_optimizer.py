@@ -897,7 +897,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     3's own wrapper leaves it.
     """
     pairs = list(grads_and_vars)
-    scaled = [i for i, (_, v) in enumerate(pairs) if not _overwritten_with_gradient(v)]
+    scaled = [i for i, (_, v) in enumerate(pairs) if not families.overwritten_with_gradient(v)]
     unscaled = self.get_unscaled_gradients([pairs[i][0] for i in scaled])
     for i, grad in zip(scaled, unscaled, strict=True):
       pairs[i] = (grad, pairs[i][1])
@@ -1087,11 +1087,6 @@ def deserialize_inner(cls, config, custom_objects):
   family of `cls` when it is a concrete class, else the family that wrote it."""
   family = getattr(cls, "_family", None) or families.for_config(config)
   return family.deserialize(config, custom_objects)
-
-
-def _overwritten_with_gradient(variable):
-  """Whether Keras 3 assigns `variable` its gradient instead of applying it."""
-  return bool(getattr(variable, "overwrite_with_gradient", False))
 
 
 def settings_only_scope():

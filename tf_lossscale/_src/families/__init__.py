@@ -39,10 +39,16 @@ import sys
 
 from tf_lossscale._src import framework_internals
 from tf_lossscale._src.families import keras3
-from tf_lossscale._src.families.base import Family, tf24_hyperparameters, written_by_tf_keras
+from tf_lossscale._src.families.base import (
+  Family,
+  overwritten_with_gradient,
+  tf24_hyperparameters,
+  written_by_tf_keras,
+)
 
 __all__ = ["Family", "families", "for_config", "for_optimizer", "register_public_class"]
-__all__ += ["registration", "tf24_hyperparameters", "written_by_tf_keras"]
+__all__ += ["overwritten_with_gradient", "registration", "tf24_hyperparameters"]
+__all__ += ["written_by_tf_keras"]
 
 
 # The FrameworkChangedError that keeps the tf_keras families out, once one was raised.

@@ -26,6 +26,12 @@ _TF24_HYPERPARAMETERS = {
 }
 
 
+def overwritten_with_gradient(variable):
+  """Whether Keras 3 assigns `variable` its "gradient" instead of applying it
+  (`overwrite_with_gradient`: float8 training's scales; no other variable has it)."""
+  return bool(getattr(variable, "overwrite_with_gradient", False))
+
+
 def tf24_hyperparameters(optimizer, classes):
   """Names of `optimizer`'s attributes that TF 2.4 treated as hyperparameters.
 

@@ -240,9 +240,7 @@ class Keras3Family(base.Family):
     # A variable Keras 3 overwrites with its "gradient" (float8 training's
     # scales) takes it before Keras 3 reduces the others: never summed.
     pairs = list(grads_and_vars)
-    summed = [
-      i for i, (_, v) in enumerate(pairs) if not getattr(v, "overwrite_with_gradient", False)
-    ]
+    summed = [i for i, (_, v) in enumerate(pairs) if not base.overwritten_with_gradient(v)]
     for i, pair in zip(summed, self._reduce([pairs[i] for i in summed]), strict=True):
       pairs[i] = pair
     return pairs
