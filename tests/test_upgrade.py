@@ -20,6 +20,7 @@ import sys
 import sysconfig
 
 import pytest
+import tensorflow as tf
 
 import helpers
 import tf_lossscale
@@ -50,11 +51,16 @@ def _upgrade_text(name, text):
   return upgrade_source(text).code
 
 
-def _tool(*args, stdin=None, cwd=None):
-  """Runs the command (`tf_lossscale_upgrade.main`) in this process, as a subprocess would."""
+def _tool(*args, stdin="", cwd=None):
+  """Runs the command (`tf_lossscale_upgrade.main`) in this process, as a subprocess would.
+
+  stdin and stdout are UTF-8 text streams over bytes, as a process's are; `stdin`
+  is text or bytes, and stdout comes back as text, or as bytes where stdin was bytes.
+  """
   streams = sys.stdin, sys.stdout, sys.stderr
-  sys.stdin = io.TextIOWrapper(io.BytesIO((stdin or "").encode()), encoding="utf-8")
-  sys.stdout, sys.stderr = io.StringIO(), io.StringIO()
+  raw = stdin if isinstance(stdin, bytes) else stdin.encode()
+  sys.stdin = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8")
+  sys.stdout, sys.stderr = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.StringIO()
   directory = os.getcwd()
   try:
     if cwd is not None:
@@ -63,7 +69,10 @@ def _tool(*args, stdin=None, cwd=None):
       returncode = main(list(args))
     except SystemExit as e:  # argparse errors
       returncode = e.code
-    out, err = sys.stdout.getvalue(), sys.stderr.getvalue()
+    sys.stdout.flush()
+    out, err = sys.stdout.buffer.getvalue(), sys.stderr.getvalue()
+    if not isinstance(stdin, bytes):
+      out = out.decode()
   finally:
     os.chdir(directory)
     sys.stdin, sys.stdout, sys.stderr = streams
@@ -167,6 +176,30 @@ def test_notebook_with_string_sources_and_its_own_layout(tmp_path):
   assert f"{path}:cell_3:1:7: tf.keras.mixed_precision.LossScaleOptimizer" in result.stderr
 
 
+def test_notebook_with_windows_line_endings_keeps_them_and_its_layout(tmp_path):
+  cells = [
+    {"cell_type": "code", "metadata": {}, "outputs": [], "source": ["import tensorflow as tf\n"]},
+    {"cell_type": "markdown", "metadata": {}, "source": ["Some text\n", "more"]},
+    {
+      "cell_type": "code",
+      "metadata": {},
+      "outputs": [],
+      "source": ["opt = tf.keras.mixed_precision.LossScaleOptimizer(o)"],
+    },
+  ]
+
+  def text(notebook_cells):
+    notebook = {"cells": notebook_cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    return (json.dumps(notebook, indent=2) + "\n").replace("\n", "\r\n")
+
+  path = tmp_path / "crlf.ipynb"
+  path.write_bytes(text(cells).encode())
+  assert _tool("--in-place", "--quiet", str(path)).returncode == 0
+  cells[0]["source"] = ["import tensorflow as tf\n", "import tf_lossscale\n"]
+  cells[2]["source"] = ["opt = tf_lossscale.keras.mixed_precision.LossScaleOptimizer(o)"]
+  assert path.read_bytes() == text(cells).encode()
+
+
 def test_notebook_cells_with_ipython_syntax_are_rewritten_or_reported():
   from tf_lossscale_upgrade import _notebook
 
@@ -246,6 +279,19 @@ def test_stdin():
   assert _tool("-i", "-", stdin=notebook).stdout == _expected_path("tutorial.ipynb").read_text()
 
 
+def test_stdin_filter_writes_the_code_in_its_own_encoding():
+  before = (
+    '# -*- coding: latin-1 -*-\nimport tensorflow as tf\nNAME = "caf\xe9"\n'
+    "opt = tf.keras.mixed_precision.LossScaleOptimizer\n"
+  )
+  after = before.replace("tf\nNAME", "tf\nimport tf_lossscale\nNAME").replace(
+    "= tf.keras", "= tf_lossscale.keras"
+  )
+  result = _tool("--in-place", "--quiet", "-", stdin=before.encode("latin-1"))
+  assert result.returncode == 0, result.stderr
+  assert result.stdout == after.encode("latin-1")
+
+
 # The `check` reason of an experimental policy's loss scale.
 COMPILE_REASON = (
   "Keras 3's `Model.compile` does not wrap the optimizer with the policy's loss scale "
@@ -320,6 +366,64 @@ def test_invalid_python_is_an_error_and_other_files_still_go(tmp_path):
   assert result.returncode == 2
   assert f"{tmp_path / 'broken.py'}: error: not valid Python (line 2" in result.stderr
   assert (tmp_path / "good.py").read_text() == _expected_path("custom_loop.py").read_text()
+
+
+def test_an_unwritable_file_is_an_error_and_other_files_still_go(tmp_path, monkeypatch):
+  """The tests run as root, whom file modes do not stop: the write itself fails."""
+  import builtins
+
+  for name in ("a.py", "b.py", "c.py"):
+    shutil.copy(CORPUS / "custom_loop.py.txt", tmp_path / name)
+  unwritable = str(tmp_path / "b.py")
+  real_open = builtins.open
+
+  def open_(file, mode="r", *args, **kwargs):
+    if str(file) == unwritable and "w" in mode:
+      raise PermissionError(1, "Operation not permitted", unwritable)
+    return real_open(file, mode, *args, **kwargs)
+
+  monkeypatch.setattr(builtins, "open", open_)
+  result = _tool("--in-place", str(tmp_path))
+  monkeypatch.undo()
+  assert result.returncode == 2
+  assert [line for line in result.stderr.splitlines() if "b.py" in line] == [
+    f"{unwritable}: error: [Errno 1] Operation not permitted: '{unwritable}'"
+  ]
+  assert result.stderr.splitlines()[-1] == (
+    "tf-lossscale-upgrade: 3 files, rewrote 2 (2 changes); 0 uses not rewritten, 0 to check"
+  )
+  expected = _expected_path("custom_loop.py").read_text()
+  rewritten = [
+    name for name in ("a.py", "b.py", "c.py") if (tmp_path / name).read_text() == expected
+  ]
+  assert rewritten == ["a.py", "c.py"]
+
+
+# Notebooks the tool cannot read: {case: file text}.
+BAD_NOTEBOOKS = {
+  "nbformat 3": json.dumps(
+    {
+      "nbformat": 3,
+      "worksheets": [{"cells": [{"cell_type": "code", "input": ["import tensorflow as tf\n"]}]}],
+    }
+  ),
+  "a JSON list": "[1, 2]",
+  "cells not a list": '{"nbformat": 4, "cells": {"cell_type": "code"}}',
+  "a cell not an object": '{"nbformat": 4, "cells": ["import tensorflow as tf"]}',
+  "a source of numbers": '{"nbformat": 4, "cells": [{"cell_type": "code", "source": [1]}]}',
+  "not JSON": "import tensorflow as tf\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_NOTEBOOKS))
+def test_a_notebook_the_tool_cannot_read_is_an_error_and_other_files_still_go(tmp_path, case):
+  (tmp_path / "bad.ipynb").write_text(BAD_NOTEBOOKS[case])
+  shutil.copy(CORPUS / "custom_loop.py.txt", tmp_path / "good.py")
+  result = _tool("--in-place", str(tmp_path))
+  assert result.returncode == 2
+  assert f"{tmp_path / 'bad.ipynb'}: error: " in result.stderr, result.stderr
+  assert (tmp_path / "good.py").read_text() == _expected_path("custom_loop.py").read_text()
+  assert (tmp_path / "bad.ipynb").read_text() == BAD_NOTEBOOKS[case]
 
 
 def test_many_files_in_worker_processes_give_the_same_result(tmp_path):
@@ -667,6 +771,116 @@ CASES = {
     "s = tf1.train.experimental.DynamicLossScale()\n",
     None,
   ),
+  "Keras 3's state read: Keras 3 code": (
+    "import tensorflow as tf\n"
+    "opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)\n"
+    "print(opt.dynamic_scale.numpy(), opt.step_counter.numpy())\n",
+    None,
+  ),
+  "Keras 3's initial_scale as second argument: Keras 3 code": (
+    "from tensorflow.keras.mixed_precision import LossScaleOptimizer\n"
+    "opt = LossScaleOptimizer(opt, 2.0**15)\n",
+    None,
+  ),
+  "TF 2.4's dynamic as second argument, a dynamic_scale of self's, a step_counter": (
+    "import tensorflow as tf\n"
+    "opt = tf.keras.mixed_precision.LossScaleOptimizer(opt, False, 1024)\n"
+    "exp = tf.keras.mixed_precision.experimental.LossScaleOptimizer(opt, 1024)\n"
+    "class Counter(tf.keras.callbacks.Callback):\n"
+    "  def on_batch_end(self, batch, logs=None):\n"
+    "    self.dynamic_scale = trainer.step_counter\n",
+    "import tensorflow as tf\n"
+    "import tf_lossscale\n"
+    "opt = tf_lossscale.keras.mixed_precision.LossScaleOptimizer(opt, False, 1024)\n"
+    "exp = tf_lossscale.keras.mixed_precision.experimental.LossScaleOptimizer(opt, 1024)\n"
+    "class Counter(tf.keras.callbacks.Callback):\n"
+    "  def on_batch_end(self, batch, logs=None):\n"
+    "    self.dynamic_scale = trainer.step_counter\n",
+  ),
+  "tf_lossscale imported lazily in another function": (
+    "import tensorflow as tf\n"
+    "def main():\n"
+    "  import tf_lossscale  # imported lazily: it imports TensorFlow\n"
+    "  print(tf_lossscale.__version__)\n"
+    "opt = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD())\n",
+    "import tensorflow as tf\n"
+    "import tf_lossscale\n"
+    "def main():\n"
+    "  import tf_lossscale  # imported lazily: it imports TensorFlow\n"
+    "  print(tf_lossscale.__version__)\n"
+    "opt = tf_lossscale.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD())\n",
+  ),
+  "a lazy file rewritten before, with a new use": (
+    "def build(opt):\n"
+    "  import tensorflow as tf\n"
+    "  import tf_lossscale\n"
+    "  return tf_lossscale.keras.mixed_precision.LossScaleOptimizer(opt)\n"
+    "def other(opt):\n"
+    "  import tensorflow as tf\n"
+    "  return tf.mixed_precision.experimental.FixedLossScale(2)\n",
+    "def build(opt):\n"
+    "  import tensorflow as tf\n"
+    "  import tf_lossscale\n"
+    "  return tf_lossscale.keras.mixed_precision.LossScaleOptimizer(opt)\n"
+    "def other(opt):\n"
+    "  import tensorflow as tf\n"
+    "  import tf_lossscale\n"
+    "  return tf_lossscale.mixed_precision.experimental.FixedLossScale(2)\n",
+  ),
+  "a field and a parameter named tf_lossscale elsewhere": (
+    "import tensorflow as tf\n"
+    "class Config:\n"
+    "  tf_lossscale: bool = True\n"
+    "def log(tf_lossscale):\n"
+    "  print(tf_lossscale)\n"
+    "def build(opt):\n"
+    "  return tf.keras.mixed_precision.LossScaleOptimizer(opt)\n",
+    "import tensorflow as tf\n"
+    "import tf_lossscale\n"
+    "class Config:\n"
+    "  tf_lossscale: bool = True\n"
+    "def log(tf_lossscale):\n"
+    "  print(tf_lossscale)\n"
+    "def build(opt):\n"
+    "  return tf_lossscale.keras.mixed_precision.LossScaleOptimizer(opt)\n",
+  ),
+  "tf_lossscale a parameter where the use is": (
+    "import tensorflow as tf\n"
+    "def build(opt, tf_lossscale=True):\n"
+    "  return tf.keras.mixed_precision.LossScaleOptimizer(opt)\n",
+    None,
+  ),
+  "comments in a multi-line attribute chain": (
+    "import tensorflow as tf\n"
+    "x = (tf.keras  # the keras\n"
+    "     .mixed_precision  # the mp module\n"
+    "     .LossScaleOptimizer)\n"
+    "y = (tf  # TF1's name\n"
+    "     .train.experimental.DynamicLossScale)\n",
+    "import tensorflow as tf\n"
+    "import tf_lossscale\n"
+    "x = (tf_lossscale.keras  # the keras\n"
+    "     .mixed_precision  # the mp module\n"
+    "     .LossScaleOptimizer)\n"
+    "y = (tf_lossscale.compat.v1  # TF1's name\n"
+    "     .train.experimental.DynamicLossScale)\n",
+  ),
+  "a comment on a name moved out of a parenthesized import": (
+    "from tensorflow.keras.mixed_precision import (  # mp stuff\n"
+    "    LossScaleOptimizer,  # TF 2.4's optimizer: keep get_scaled_loss\n"
+    "    DTypePolicy,  # policy\n"
+    "    experimental,\n"
+    ")\n"
+    "x = experimental.LossScaleOptimizer\n",
+    "from tensorflow.keras.mixed_precision import (  # mp stuff\n"
+    "    DTypePolicy,  # policy\n"
+    ")\n"
+    "from tf_lossscale.keras.mixed_precision import (\n"
+    "    LossScaleOptimizer,  # TF 2.4's optimizer: keep get_scaled_loss\n"
+    "    experimental,\n"
+    ")\n"
+    "x = experimental.LossScaleOptimizer\n",
+  ),
   "windows line endings": (
     "import tensorflow as tf\r\nx = tf.mixed_precision.experimental.LossScale\r\n",
     "import tensorflow as tf\r\nimport tf_lossscale\r\n"
@@ -842,6 +1056,92 @@ def test_a_name_of_two_imports_is_reported_as_such_even_where_one_has_no_equival
   )
 
 
+# What marks a file as Keras 3 code: {what the report names: the line that shows it}.
+KERAS3_SIGNS = {
+  "`scale_loss` protocol": "loss = opt.scale_loss(loss)\n",
+  "`dynamic_scale` attribute": "print(float(opt.dynamic_scale.numpy()))\n",
+  "constructor (a number, its `initial_scale`, as second argument)": (
+    "other = tf.keras.mixed_precision.LossScaleOptimizer(opt, 1024)\n"
+  ),
+}
+
+
+@pytest.mark.parametrize("sign", sorted(KERAS3_SIGNS))
+def test_keras3_code_is_left_alone_and_the_report_says_why(sign):
+  source = (
+    "import tensorflow as tf\nopt = tf.keras.mixed_precision.LossScaleOptimizer(opt)\n"
+    + KERAS3_SIGNS[sign]
+  )
+  result = upgrade_source(source)
+  assert result.code == source
+  reason = (
+    f"this file uses Keras 3's {sign}, so this is Keras 3's own LossScaleOptimizer, which "
+    "today's TensorFlow has"
+  )
+  assert (2, "not rewritten", reason) in [(f.line, f.kind, f.reason) for f in result.findings]
+  tf24 = upgrade_source(source + "loss = opt.get_scaled_loss(loss)\n")  # TF 2.4's protocol
+  assert "tf_lossscale.keras.mixed_precision.LossScaleOptimizer(opt)" in tf24.code
+
+
+PRIVATE_USES = """import tensorflow as tf
+class MyLSO(tf.keras.mixed_precision.LossScaleOptimizer):
+  def __init__(self, inner):
+    super().__init__(inner)
+    self._mine = 1
+  def _apply_gradients_cross_replica(self, *args):
+    return super()._apply_gradients_cross_replica(*args)
+  def apply_gradients(self, grads_and_vars, name=None):
+    if self._loss_scale.dynamic and self._mine and self._optimizer:
+      self.__private = self._dynamic_counter
+    return self._apply_gradients_cross_replica(None, grads_and_vars, name)
+class MyScale(tf.mixed_precision.experimental.LossScale):
+  def __init__(self):
+    super().__init__()
+    self._scale = self._add_weight("scale", 1024.0)
+    self._steps = self._undocumented()
+"""
+
+
+def test_a_subclass_using_tf_private_attributes_is_a_check():
+  checks = [(f.line, f.reason) for f in upgrade_source(PRIVATE_USES).findings if f.kind == "check"]
+  assert checks == [
+    (
+      2,
+      "class MyLSO overrides _apply_gradients_cross_replica and uses _loss_scale, "
+      "_dynamic_counter: TensorFlow's private attributes, which tf_lossscale's class does not "
+      "have; port them by hand",
+    ),
+    (
+      12,
+      "class MyScale uses _undocumented: TensorFlow's private attributes, which tf_lossscale's "
+      "class does not have; port them by hand",
+    ),
+  ]
+
+
+def test_the_private_attributes_a_subclass_may_use_are_tf_lossscales():
+  from tf_lossscale_upgrade import _names
+
+  keras_mp = tf_lossscale.keras.mixed_precision
+  v1_inner = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+  examples = {  # {class name: instances}
+    "LossScaleOptimizer": [
+      keras_mp.LossScaleOptimizer(tf.keras.optimizers.SGD()),
+      keras_mp.experimental.LossScaleOptimizer(tf.keras.optimizers.SGD(), "dynamic"),
+    ],
+    "MixedPrecisionLossScaleOptimizer": [
+      tf_lossscale.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(v1_inner, "dynamic")
+    ],
+    "LossScale": [tf_lossscale.loss_scale.FixedLossScale(2)],
+    "FixedLossScale": [tf_lossscale.loss_scale.FixedLossScale(2)],
+    "DynamicLossScale": [tf_lossscale.loss_scale.DynamicLossScale()],
+  }
+  assert sorted(_names.KEPT_PRIVATE) == sorted(examples)
+  for leaf, names in _names.KEPT_PRIVATE.items():
+    for example in examples[leaf]:
+      assert [name for name in names if not hasattr(example, name)] == [], example
+
+
 @pytest.mark.parametrize("case", sorted(POLICY_CHECKS))
 def test_a_policy_loss_scale_that_compile_ignores_is_a_check(case):
   source, expected = POLICY_CHECKS[case]
@@ -958,6 +1258,14 @@ NOT_ONE_PASS = {
   "lazy imports in two functions, one on the line of its use: after",
   "a function's import beside a module-level one: at module level: before",
   "a function's import beside a module-level one: at module level: after",
+  "tf_lossscale imported lazily in another function: before",
+  "tf_lossscale imported lazily in another function: after",
+  "a lazy file rewritten before, with a new use: before",
+  "a lazy file rewritten before, with a new use: after",
+  # `tf_lossscale` a field and a parameter:
+  "a field and a parameter named tf_lossscale elsewhere: before",
+  "a field and a parameter named tf_lossscale elsewhere: after",
+  "tf_lossscale a parameter where the use is: before",
 }
 SCOPE_PROVIDER_SNIPPETS = {
   name: code for name, code in NAMED_SNIPPETS.items() if name in SCOPE_CASES or name in NOT_ONE_PASS

@@ -28,7 +28,8 @@ you is reported on stderr, one `path:line:column: message` line each (in a noteb
 
 _EPILOG = """\
 exit status: 0 success; 1 with --check when a file would change; 2 on an error
-(unreadable file, invalid Python). Uses reported as "not rewritten" do not change it."""
+(a file that cannot be read or written, invalid Python, a notebook not of nbformat 4).
+Uses reported as "not rewritten" do not change it."""
 
 _SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
 
@@ -62,7 +63,7 @@ def main(argv=None):
 
   Returns:
     0 on success, 1 when `--check` finds a file to change, 2 when a file
-    cannot be read, decoded or parsed (the others are still processed).
+    cannot be read, decoded, parsed or written (the others are still processed).
 
   Raises:
     SystemExit: From argparse: with status 2 on a usage error (no paths, an
@@ -85,6 +86,8 @@ def main(argv=None):
   results = _process(paths, workers)
   status = 0
   for result in results:
+    if args.in_place and not result.error:
+      _write(result)
     if result.error:
       print(f"{result.path}: error: {result.error}", file=sys.stderr)
       status = 2
@@ -92,9 +95,7 @@ def main(argv=None):
     if not args.quiet:
       for location, finding in result.report:
         print(f"{location}:{finding.column}: {finding.describe()}", file=sys.stderr)
-    if args.in_place:
-      _write(result)
-    elif result.changed and (not args.check or args.diff):
+    if result.changed and not args.in_place and (not args.check or args.diff):
       sys.stdout.write(result.diff)
   if not args.quiet:
     print(_summary(results, args), file=sys.stderr)
@@ -264,13 +265,20 @@ def _diff(old, new, name):
 
 
 def _write(result):
+  """Writes the new code in the input's encoding; a file that cannot be written
+  becomes the result's error."""
   if result.path == "<stdin>":  # a filter: the code goes on, changed or not
-    sys.stdout.write(result.new)
+    sys.stdout.flush()
+    sys.stdout.buffer.write(result.new.encode(result.encoding))
+    sys.stdout.buffer.flush()
     return
   if not result.changed:
     return
-  with open(result.path, "w", encoding=result.encoding, newline="") as f:
-    f.write(result.new)
+  try:
+    with open(result.path, "w", encoding=result.encoding, newline="") as f:
+      f.write(result.new)
+  except OSError as error:
+    result.error = str(error)
 
 
 def _summary(results, args):

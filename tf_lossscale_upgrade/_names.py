@@ -254,6 +254,18 @@ CLAIMED = (
 _SHARED_LEAVES = frozenset(_LOSS_SCALES + _V1_OPTIMIZER + _GRAPH_REWRITE)
 
 
+#: {tf_lossscale class name: private attributes}: those of TensorFlow's class that
+#: tf_lossscale's has too, with TensorFlow's meaning, so a subclass may use them
+#: (a custom loss scale creates its variables with `_add_weight`).
+KEPT_PRIVATE = {
+  "LossScaleOptimizer": ("_optimizer",),
+  "MixedPrecisionLossScaleOptimizer": ("_optimizer", "_loss_scale"),
+  "LossScale": ("_add_weight", "_weights"),
+  "FixedLossScale": ("_add_weight", "_weights", "_loss_scale_value"),
+  "DynamicLossScale": ("_add_weight", "_weights", "_current_loss_scale", "_num_good_steps"),
+}
+
+
 def same_object(first, second):
   """Whether two tf_lossscale names denote one object."""
   if first == second:

@@ -28,14 +28,14 @@ _LEFT_OUT = (
 
 
 def is_notebook(text):
-  """Whether `text` is a Jupyter notebook's JSON."""
+  """Whether `text` is a Jupyter notebook's JSON (or claims to be one: `nbformat`)."""
   if not text.lstrip().startswith("{"):
     return False
   try:
     data = json.loads(text)
   except ValueError:
     return False
-  return isinstance(data, dict) and isinstance(data.get("cells"), list)
+  return isinstance(data, dict) and ("nbformat" in data or isinstance(data.get("cells"), list))
 
 
 class Notebook:
@@ -43,11 +43,16 @@ class Notebook:
 
   Args:
     text: The notebook's JSON text.
+
+  Raises:
+    ValueError: If `text` is not JSON, or not a notebook of nbformat 4 (a list
+      of cells, each an object whose source is text or a list of lines).
   """
 
   def __init__(self, text):
     self.text = text
     self.data = json.loads(text)
+    _check_cells(self.data)
     self.code_cells = [
       index for index, cell in enumerate(self.data["cells"]) if cell.get("cell_type") == "code"
     ]
@@ -121,6 +126,24 @@ class Notebook:
     return _dump_like(data, self.text)
 
 
+def _check_cells(data):
+  if isinstance(data, dict) and "worksheets" in data and "cells" not in data:
+    raise ValueError(
+      f"a notebook of nbformat {data.get('nbformat')} (worksheets): the tool reads "
+      "nbformat 4; open and save it in Jupyter to convert it"
+    )
+  cells = data.get("cells") if isinstance(data, dict) else None
+  if not isinstance(cells, list) or not all(isinstance(cell, dict) for cell in cells):
+    raise ValueError("not a Jupyter notebook: no list of cells")
+  for index, cell in enumerate(cells):
+    source = cell.get("source", "")
+    if not (
+      isinstance(source, str)
+      or (isinstance(source, list) and all(isinstance(line, str) for line in source))
+    ):
+      raise ValueError(f"cell {index + 1}: its source is neither text nor a list of lines")
+
+
 def _parses(code):
   try:
     cst.parse_module(code)
@@ -189,7 +212,9 @@ def _shift(finding, line):
 
 
 def _dump_like(data, original):
-  """`data` as JSON in the layout of `original` (indent, key order, escaping)."""
+  """`data` as JSON in the layout of `original` (indent, key order, escaping, line ends)."""
+  if original.count("\r\n") == original.count("\n") > 0:  # Windows line ends
+    return _dump_like(data, original.replace("\r\n", "\n")).replace("\n", "\r\n")
   stripped = original.lstrip()
   second = original.splitlines()[1] if original.count("\n") else ""
   indent = len(second) - len(second.lstrip(" ")) if second.strip() else None

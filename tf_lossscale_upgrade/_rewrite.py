@@ -75,8 +75,13 @@ class Result:
 
 
 # Keras 3 code (TF >= 2.16) that already uses Keras 3's own LossScaleOptimizer:
-# its training-loop protocol is `scale_loss`, TF 2.4's was get_scaled_loss/get_unscaled_gradients.
-_PROTOCOL_WORDS = re.compile(r"\.\s*(scale_loss|get_scaled_loss|get_unscaled_gradients)\b")
+# its training-loop protocol is `scale_loss`, TF 2.4's was get_scaled_loss/get_unscaled_gradients,
+# and its scale `dynamic_scale`, which TF 2.4's optimizer (and tf_lossscale's)
+# does not have. (Not its `step_counter`: a name users give their own counters.)
+_KERAS3_STATE = ("dynamic_scale",)
+_PROTOCOL_WORDS = re.compile(
+  r"\.\s*(scale_loss|dynamic_scale|get_scaled_loss|get_unscaled_gradients)\b"
+)
 _KERAS_LSO = frozenset(
   f"{root}.keras.mixed_precision.LossScaleOptimizer"
   for root in ("tensorflow", "tensorflow.compat.v1", "tensorflow.compat.v2")
@@ -114,12 +119,7 @@ def upgrade_source(code):
 def upgrade_parsed(code):
   """`upgrade_source` without the pre-filter (for callers that ran it already)."""
   module = cst.parse_module(code)
-  protocol = _protocol(code, module)
-  plan = _Planner(
-    module,
-    keras3_code=protocol.keras3 and not protocol.tf24,
-    tf24_compile=protocol.tf24 and protocol.compiles,
-  )
+  plan = _Planner(module, _protocol(code, module))
   plan.run()
   if not plan.changes():
     return Result(code, tuple(plan.findings))
@@ -138,23 +138,32 @@ def _protocol(code, module):
 
 
 class _ProtocolFinder(cst.CSTVisitor):
-  """`keras3`: the code calls `<expr>.scale_loss(...)` (Keras 3's protocol);
-  `tf24`: it names `get_scaled_loss` or `get_unscaled_gradients` as an
-  attribute (TF 2.4's); `compiles`: it calls `<expr>.compile(...)`."""
+  """`keras3`: what shows Keras 3's API, or None: a call `<expr>.scale_loss(...)`
+  (Keras 3's protocol), or `<expr>.dynamic_scale` of another object than
+  `self` (Keras 3's scale); `tf24`: the code names `get_scaled_loss`
+  or `get_unscaled_gradients` as an attribute (TF 2.4's protocol); `compiles`:
+  it calls `<expr>.compile(...)`."""
 
   def __init__(self):
     super().__init__()
-    self.keras3 = self.tf24 = self.compiles = False
+    self.keras3 = None
+    self.tf24 = self.compiles = False
 
   def visit_Call(self, node):
     if isinstance(node.func, cst.Attribute):
       called = node.func.attr.value
-      self.keras3 = self.keras3 or called == "scale_loss"
+      if called == "scale_loss":
+        self.keras3 = self.keras3 or "`scale_loss` protocol"
       self.compiles = self.compiles or called == "compile"
 
   def visit_Attribute(self, node):
-    if node.attr.value in ("get_scaled_loss", "get_unscaled_gradients"):
+    name = node.attr.value
+    if name in ("get_scaled_loss", "get_unscaled_gradients"):
       self.tf24 = True
+    elif name in _KERAS3_STATE and not (
+      isinstance(node.value, cst.Name) and node.value.value == "self"
+    ):
+      self.keras3 = self.keras3 or f"`{name}` attribute"
 
 
 def _dotted(node):
@@ -194,7 +203,7 @@ class _Use:
 class _Planner:
   """Decides every rewrite of one module; `_Applier` then performs them."""
 
-  def __init__(self, module, keras3_code, tf24_compile):
+  def __init__(self, module, protocol):
     self.wrapper = metadata.MetadataWrapper(module, unsafe_skip_copy=True)
     analysis = _bindings.analyse(module)
     self.parents, self._order = analysis.parents, analysis.order
@@ -204,13 +213,15 @@ class _Planner:
       scopes = self.wrapper.resolve(metadata.ScopeProvider).values()
       self.scopes = list({scope for scope in scopes if scope is not None})
     self._positions = None  # computed when first needed: most files report nothing
-    self.keras3_code = keras3_code
-    self.tf24_compile = tf24_compile  # TF 2.4's protocol and a `compile` call in one file
+    self._tf24 = protocol.tf24
+    # What shows that the file is Keras 3 code (see `_ProtocolFinder`), or None.
+    self.keras3 = None if protocol.tf24 else protocol.keras3
+    self.tf24_compile = protocol.tf24 and protocol.compiles  # TF 2.4's protocol and `compile`
     self.findings = []
-    self.expressions = {}  # node -> replacement expression (dotted name)
+    self.expressions = {}  # node -> the dotted name it becomes
     self.aliases = {}  # ImportAlias -> new fully qualified name it imports
     self.dropped_aliases = set()  # ImportAlias nodes to delete
-    self.prefix = _OURS  # how the file names tf_lossscale; None: the name is taken
+    self.prefix = _OURS  # how the file names tf_lossscale
     self.has_import = False  # the file imports tf_lossscale already
     self._bindings = {}  # ImportAssignment -> _Binding or None
     self._planned = set()  # Access objects whose use was decided on
@@ -270,8 +281,10 @@ class _Planner:
         binding = self._binding(assignment)
         if binding is not None:
           bindings.append(binding)
-    self._find_prefix(self.scopes)
+    self._find_prefix()
     bindings.sort(key=lambda b: self._order[b.alias])
+    if self.keras3 is None and not self._tf24 and self._constructs_keras3(bindings):
+      self.keras3 = _KERAS3_CONSTRUCTOR
     for binding in bindings:
       self._plan_binding(binding)
     for binding, uses in self._private_imports:
@@ -320,20 +333,46 @@ class _Planner:
       self._report(binding.alias, NOT_REWRITTEN, target, reason=_no_equivalent(target))
     return None
 
-  def _find_prefix(self, scopes):
-    """Finds how the file names tf_lossscale, and whether that name is free."""
-    imported, taken = [], False
-    for scope in scopes:
-      for assignment in scope.assignments:
-        if isinstance(scope, _GLOBAL_SCOPE) and _ours_alias(assignment) is not None:
-          imported.append(assignment.name)
-        elif assignment.name == _OURS:
-          taken = True
-    if taken:
-      self.prefix = None
-    elif imported:
+  def _find_prefix(self):
+    """Finds how the file names tf_lossscale: its module-level `import tf_lossscale [as x]`."""
+    imported = [
+      assignment.name
+      for scope in self.scopes
+      if isinstance(scope, _GLOBAL_SCOPE)
+      for assignment in scope.assignments
+      if _ours_alias(assignment) is not None
+    ]
+    if imported:
       self.has_import = True
       self.prefix = _OURS if _OURS in imported else sorted(imported)[0]
+
+  def _prefix_taken(self, access):
+    """Whether the name the file gives tf_lossscale is bound to something else
+    where `access` is, or at module level (where `import tf_lossscale` may go)."""
+    if isinstance(access, metadata.Access):
+      bound = [*access.scope[self.prefix], *access.scope.globals[self.prefix]]
+    else:  # `_bindings`' one pass: the file binds the name by module-level imports only
+      bound = [a for a in self.scopes[0].assignments if a.name == self.prefix]
+    return any(_ours_alias(assignment) is None for assignment in bound)
+
+  def _constructs_keras3(self, bindings):
+    """Whether the file calls Keras 3's LossScaleOptimizer by TF 2.4's path with a
+    number second: Keras 3's `initial_scale`, where TF 2.4 took `dynamic`, a bool."""
+    for binding in bindings:
+      if not any(
+        name == binding.target or name.startswith(binding.target + ".") for name in _KERAS_LSO
+      ):
+        continue
+      for use in self._uses(binding):
+        call = self.parents.get(use.node)
+        if (
+          use.name in _KERAS_LSO
+          and isinstance(call, cst.Call)
+          and call.func is use.node
+          and _is_number(_argument(call, 1, "dynamic"))
+        ):
+          return True
+    return False
 
   def _uses(self, binding):
     uses = []
@@ -387,8 +426,8 @@ class _Planner:
     if target.alive:
       self._check(self._uses(binding), alive=True)
       return
-    if binding.target in _KERAS_LSO and self.keras3_code:
-      self._report(binding.alias, NOT_REWRITTEN, binding.target, reason=_KERAS3_REASON)
+    if binding.target in _KERAS_LSO and self.keras3:
+      self._report(binding.alias, NOT_REWRITTEN, binding.target, reason=_keras3_reason(self.keras3))
       return
     self._rewrite_alias(binding, target.name)
     self._check(self._uses(binding))
@@ -402,7 +441,7 @@ class _Planner:
         target = _names.NAMES[use.name]
         if target.name != ours + relative:
           return False
-        if use.name in _KERAS_LSO and self.keras3_code:
+        if use.name in _KERAS_LSO and self.keras3:
           return False
         needed = needed or not target.alive
       elif use.kind == "module":
@@ -439,8 +478,8 @@ class _Planner:
     if target.alive:
       self._check([use], alive=True)
       return False
-    if use.name in _KERAS_LSO and self.keras3_code:
-      self._report(use.node, NOT_REWRITTEN, _dotted(use.node), reason=_KERAS3_REASON)
+    if use.name in _KERAS_LSO and self.keras3:
+      self._report(use.node, NOT_REWRITTEN, _dotted(use.node), reason=_keras3_reason(self.keras3))
       return False
     done = self._spell_out(binding, use, target.name)
     if done:
@@ -481,7 +520,7 @@ class _Planner:
     if reason:
       self._report(use.node, NOT_REWRITTEN, old, reason=reason)
       return False
-    self.expressions[use.node] = _dotted_expr(self.prefix + new_name[len(_OURS) :])
+    self.expressions[use.node] = self.prefix + new_name[len(_OURS) :]
     self._spelled_through[use.node] = list(
       {
         id(r.node): r.node for r in use.access.referents if isinstance(r, _IMPORT_ASSIGNMENT)
@@ -504,8 +543,8 @@ class _Planner:
 
   def _unsafe_use(self, binding, use, new_name):
     """Why spelling out `use` would be wrong, or None."""
-    if self.prefix is None:
-      return "the name tf_lossscale is bound to something else in this file"
+    if self._prefix_taken(use.access):
+      return f"the name {self.prefix} is bound to something else here or at module level"
     relative = use.name[len(binding.target) :]
     for other in use.access.referents:
       if other is binding.assignment:
@@ -540,25 +579,36 @@ class _Planner:
           self._report(use.node, CHECK, _dotted(use.node), reason=reason)
 
   def _private_overrides(self, use):
-    """Why a subclass of TF's class that overrides TF's private methods needs a look."""
+    """Why a subclass of TF's class that overrides TF's private methods, or uses
+    through `self` or `super()` private attributes it does not set itself, needs a look."""
     arg = self.parents.get(use.node)
     class_def = self.parents.get(arg)
     if not (isinstance(arg, cst.Arg) and isinstance(class_def, cst.ClassDef)):
       return None
     if arg not in class_def.bases:
       return None
-    private = [
+    overrides = [
       statement.name.value
       for statement in class_def.body.body
-      if isinstance(statement, cst.FunctionDef)
-      and statement.name.value.startswith("_")
-      and not statement.name.value.endswith("__")
+      if isinstance(statement, cst.FunctionDef) and _is_private(statement.name.value)
     ]
-    if not private:
+    private = _PrivateNames()
+    class_def.body.visit(private)
+    target = _names.NAMES.get(use.name)
+    kept = _names.KEPT_PRIVATE.get(target.name.rsplit(".", 1)[-1], ()) if target else ()
+    used = [
+      name
+      for name in dict.fromkeys(private.used)
+      if name not in private.own and name not in overrides and name not in kept
+    ]
+    if not overrides and not used:
       return None
+    done = [f"overrides {', '.join(overrides)}"] if overrides else []
+    done += [f"uses {', '.join(used)}"] if used else []
+    what = "attributes" if used else "methods"
     return (
-      f"class {class_def.name.value} overrides {', '.join(private)}: TensorFlow's "
-      "private methods, which tf_lossscale's class does not have; port them by hand"
+      f"class {class_def.name.value} {' and '.join(done)}: TensorFlow's private {what}, "
+      "which tf_lossscale's class does not have; port them by hand"
     )
 
   def _compile_ignores_loss_scale(self, use):
@@ -664,10 +714,14 @@ class _Planner:
     self.findings.append(Finding(line, column, kind, old, new, reason))
 
 
-_KERAS3_REASON = (
-  "this file uses Keras 3's `scale_loss` protocol, so this is Keras 3's own "
-  "LossScaleOptimizer, which today's TensorFlow has"
-)
+_KERAS3_CONSTRUCTOR = "constructor (a number, its `initial_scale`, as second argument)"
+
+
+def _keras3_reason(sign):
+  return (
+    f"this file uses Keras 3's {sign}, so this is Keras 3's own LossScaleOptimizer, "
+    "which today's TensorFlow has"
+  )
 
 
 _SET_POLICY = "tf_lossscale.keras.mixed_precision.experimental.set_policy"
@@ -689,6 +743,46 @@ _COMPILE_REASON = (
 )
 
 
+class _PrivateNames(cst.CSTVisitor):
+  """In a class body: `own`, the private names it assigns, to `self` or not;
+  `used`, the private attributes of `self` or `super()` it reads (dunder and
+  name-mangled `__x` names aside)."""
+
+  def __init__(self):
+    super().__init__()
+    self.own, self.used = set(), []
+
+  def visit_AssignTarget(self, node):
+    self._assigned(node.target)
+
+  def visit_AnnAssign(self, node):
+    self._assigned(node.target)
+
+  def _assigned(self, target):
+    if isinstance(target, (cst.Tuple, cst.List)):
+      for element in target.elements:
+        self._assigned(element.value)
+    elif isinstance(target, cst.Name) and _is_private(target.value):
+      self.own.add(target.value)
+    elif isinstance(target, cst.Attribute) and _is_self(target.value):
+      self.own.add(target.attr.value)
+
+  def visit_Attribute(self, node):
+    if _is_private(node.attr.value) and _is_self(node.value):
+      self.used.append(node.attr.value)
+
+
+def _is_private(name):
+  return name.startswith("_") and not name.startswith("__")
+
+
+def _is_self(node):
+  """Whether `node` is `self` or `super()`."""
+  if isinstance(node, cst.Call):
+    return isinstance(node.func, cst.Name) and node.func.value == "super" and not node.args
+  return isinstance(node, cst.Name) and node.value == "self"
+
+
 def _argument(call, position, keyword):
   """The value of `call`'s argument at `position` or named `keyword`, or None."""
   positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
@@ -698,6 +792,15 @@ def _argument(call, position, keyword):
     arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == keyword
   ]
   return named[0] if named else None
+
+
+def _is_number(node):
+  """Whether `node` is a number as written: `1024`, `2.0**15`, `-1`."""
+  if isinstance(node, cst.UnaryOperation):
+    return _is_number(node.expression)
+  if isinstance(node, cst.BinaryOperation):
+    return _is_number(node.left) and _is_number(node.right)
+  return isinstance(node, (cst.Integer, cst.Float))
 
 
 def _given_loss_scale(policy_call):
@@ -790,7 +893,7 @@ class _Applier(cst.CSTTransformer):
     new = self.plan.expressions.get(original_node)
     if new is None:
       return updated_node
-    return new.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
+    return _respelled(updated_node, new)
 
   def leave_Import(self, original_node, updated_node):
     names = []
@@ -848,13 +951,26 @@ class _Applier(cst.CSTTransformer):
     if kept:
       statements.append(updated.with_changes(names=_with_commas(kept, closing)))
     for module, aliases in groups.items():
-      if statements:  # a new statement on one line
-        aliases = [alias.with_changes(comma=cst.MaybeSentinel.DEFAULT) for alias in aliases]
-        statements.append(cst.ImportFrom(module=_dotted_expr(module), names=_with_commas(aliases)))
-      else:  # the statement itself, keeping its layout
+      if not statements:  # the statement itself, keeping its layout
         statements.append(
           updated.with_changes(module=_dotted_expr(module), names=_with_commas(aliases, closing))
         )
+      elif any(_comment_after(alias) for alias in aliases):  # a new one in its layout
+        statements.append(
+          updated.with_changes(
+            module=_dotted_expr(module),
+            names=_with_commas(aliases, closing),
+            lpar=updated.lpar.with_changes(
+              whitespace_after=_without_comment(updated.lpar.whitespace_after)
+            ),
+            rpar=updated.rpar.with_changes(
+              whitespace_before=_without_comment(updated.rpar.whitespace_before)
+            ),
+          )
+        )
+      else:  # a new statement on one line
+        aliases = [alias.with_changes(comma=cst.MaybeSentinel.DEFAULT) for alias in aliases]
+        statements.append(cst.ImportFrom(module=_dotted_expr(module), names=_with_commas(aliases)))
     return statements or [None]
 
   def leave_IndentedBlock(self, original_node, updated_node):
@@ -899,6 +1015,15 @@ class _Applier(cst.CSTTransformer):
     return new, carried
 
 
+def _respelled(old, new):
+  """The dotted name `old` spelling `new`: the parts both end with keep their
+  dots, and the comments and line breaks around them."""
+  *module, leaf = new.split(".")
+  if module and isinstance(old, cst.Attribute) and old.attr.value == leaf:
+    return old.with_changes(value=_respelled(old.value, ".".join(module)))
+  return _dotted_expr(new).with_changes(lpar=old.lpar, rpar=old.rpar)
+
+
 def _with_commas(items, closing=None):
   """`items` (import aliases) separated by commas.
 
@@ -921,14 +1046,28 @@ def _with_commas(items, closing=None):
   return out
 
 
+def _comment_after(alias):
+  """Whether a comment follows `alias`'s comma (in a parenthesized import)."""
+  comma = alias.comma
+  return (
+    isinstance(comma, cst.Comma)
+    and isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace)
+    and comma.whitespace_after.first_line.comment is not None
+  )
+
+
+def _without_comment(whitespace):
+  """`whitespace` inside an import's parentheses without its comment (which stays
+  with the import the comment was in)."""
+  if not isinstance(whitespace, cst.ParenthesizedWhitespace):
+    return whitespace
+  return whitespace.with_changes(first_line=cst.TrailingWhitespace(), empty_lines=[])
+
+
 def _last_in_parentheses(item, closing):
   """`item` as the last alias before `)`, keeping a comment after its comma."""
   own = item.comma
-  if not (
-    isinstance(own, cst.Comma)
-    and isinstance(own.whitespace_after, cst.ParenthesizedWhitespace)
-    and own.whitespace_after.first_line.comment is not None
-  ):
+  if not _comment_after(item):
     return item.with_changes(comma=closing)
   last_line = cst.SimpleWhitespace("")  # `)` at the start of its line
   if isinstance(closing, cst.Comma) and isinstance(
