@@ -375,15 +375,29 @@ def test_a_model_without_our_optimizer_is_refused(framework):
   "kwargs, message",
   [
     (
-      {"update_freq": "batch"},
-      "update_freq must be 'epoch' or an int of at least 1, but got: 'batch'",
+      {"update_freq": "step"},
+      "update_freq must be 'epoch', 'batch' or an integer of at least 1, but got: 'step'",
     ),
-    ({"update_freq": 0}, "update_freq must be 'epoch' or an int of at least 1, but got: 0"),
+    (
+      {"update_freq": 0},
+      "update_freq must be 'epoch', 'batch' or an integer of at least 1, but got: 0",
+    ),
+    (
+      {"update_freq": True},
+      "update_freq must be 'epoch', 'batch' or an integer of at least 1, but got: True",
+    ),
+    (
+      {"update_freq": 2.0},
+      "update_freq must be 'epoch', 'batch' or an integer of at least 1, but got: 2.0",
+    ),
     (
       {"tensorboard": 3},
       "tensorboard must be a TensorBoard callback, a log directory or None, but got: 3",
     ),
-    ({"min_scale_patience": 0}, "min_scale_patience must be an int of at least 1, but got: 0"),
+    (
+      {"min_scale_patience": np.int64(0)},
+      "min_scale_patience must be an integer of at least 1, but got: np.int64(0)",
+    ),
     (
       {"on_min_scale": "stop"},
       "on_min_scale must be one of ('warn', 'raise', 'ignore'), but got: 'stop'",
@@ -394,3 +408,85 @@ def test_a_model_without_our_optimizer_is_refused(framework):
 def test_argument_errors(kwargs, message):
   with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
     callbacks.LossScaleMonitor(**kwargs)
+
+
+@pytest.mark.parametrize(
+  "update_freq, steps", [("batch", range(1, 9)), (np.int64(4), [4, 8]), (np.uint8(3), [3, 6])]
+)
+def test_update_freq_takes_batch_as_keras_s_tensorboard_does_and_any_integer(
+  update_freq, steps, tmp_path
+):
+  model, x, y, batch = _model("keras3")
+  monitor = callbacks.LossScaleMonitor(
+    update_freq=update_freq, tensorboard=str(tmp_path), min_scale_patience=np.int32(3)
+  )
+  assert (monitor.update_freq, monitor.min_scale_patience) == (steps[0], 3)
+  _fit(model, x, y, batch, [monitor])
+  assert _series(str(tmp_path / "train")) == _expected(steps)
+
+
+# --- Sharing a TensorBoard callback's run ------------------------------------------
+
+
+@pytest.mark.parametrize("monitor_first", [True, False], ids=["monitor_first", "tensorboard_first"])
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_the_series_goes_into_the_tensorboard_callback_s_own_event_file(
+  framework, monitor_first, tmp_path
+):
+  """A second event file in `<log_dir>/train` would hide the callback's scalars
+  from a running TensorBoard, which reads only the newest file of a run."""
+  model, x, y, batch = _model(framework)
+  tensorboard = _tensorboard(framework, str(tmp_path))
+  monitor = callbacks.LossScaleMonitor(update_freq=1, tensorboard=tensorboard)
+  _fit(model, x, y, batch, [monitor, tensorboard] if monitor_first else [tensorboard, monitor])
+  (path,) = glob.glob(str(tmp_path / "train" / "events.out.tfevents.*"))
+  tags = {v.tag for event in tf.compat.v1.train.summary_iterator(path) for v in event.summary.value}
+  assert {"epoch_loss", "loss_scale", "skipped_steps"} <= tags
+  assert _series(str(tmp_path / "train")) == _expected(range(1, 9))
+
+
+def test_a_tensorboard_callback_outside_the_fit_lends_its_log_dir(tmp_path):
+  """Its writer, closed at the end of its last `fit`, is not used: one of the
+  monitor's own writes to `<log_dir>/train`."""
+  model, x, y, batch = _model("keras3")
+  tensorboard = _tensorboard("keras3", str(tmp_path))
+  monitor = callbacks.LossScaleMonitor(update_freq=1, tensorboard=tensorboard)
+  _fit(model, x, y, batch, [monitor, tensorboard], epochs=1)
+  _fit(model, x, y, batch, [monitor], epochs=1)
+  assert _series(str(tmp_path / "train")) == _expected(range(1, 9))
+  assert monitor._writer is None  # pylint: disable=protected-access (closed at the end)
+
+
+@pytest.mark.parametrize("update_freq, steps", [("epoch", [4, 8]), (1, range(1, 9))])
+@pytest.mark.parametrize("given", ["callback", "directory"])
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_a_tensorboard_callback_s_batch_recording_condition_filters_none_of_the_series(
+  framework, given, update_freq, steps, tmp_path
+):
+  """The callback records its batch-level summaries every 3 steps only; the
+  series written where `tensorboard` says is complete."""
+  model, x, y, batch = _model(framework)
+  tensorboard = _tensorboard(framework, str(tmp_path / "tensorboard"), update_freq=3)
+  log_dir = tmp_path / ("tensorboard" if given == "callback" else "monitor")
+  monitor = callbacks.LossScaleMonitor(
+    update_freq=update_freq, tensorboard=tensorboard if given == "callback" else str(log_dir)
+  )
+  _fit(model, x, y, batch, [tensorboard, monitor])
+  assert _series(str(log_dir / "train")) == _expected(steps)
+
+
+def test_skipped_steps_total_is_kept_by_a_restore_into_the_same_optimizer(tmp_path):
+  """`skipped_steps` is not checkpointed: a restore leaves the optimizer's count
+  as it was; only a new optimizer counts from 0 (docs/monitoring.md)."""
+  model, x, y, batch = _model("keras3")
+  monitor = callbacks.LossScaleMonitor()
+  _fit(model, x, y, batch, [monitor], epochs=1)
+  path = tf.train.Checkpoint(model=model).save(str(tmp_path / "checkpoint"))
+  _fit(model, x, y, batch, [monitor], epochs=1)  # 4 skipped in all, the scale at 1.
+  tf.train.Checkpoint(model=model).restore(path).assert_consumed()
+  assert float(model.optimizer.loss_scale) == 2.0  # Restored.
+  history = _fit(model, x, y, batch, [monitor], epochs=1)
+  assert history.history["skipped_steps_total"] == [6]
+  model, x, y, batch = _model("keras3")
+  tf.train.Checkpoint(model=model).restore(path)
+  assert _fit(model, x, y, batch, [monitor], epochs=1).history["skipped_steps_total"] == [2]

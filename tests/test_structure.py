@@ -179,7 +179,9 @@ def test_no_base_class_s_private_member_called_outside_framework_internals():
 
 
 def test_a_family_missing_a_hook_fails_when_it_is_defined():
-  with pytest.raises(TypeError, match=r"HalfAFamily must implement \['accepts', 'apply', 'build',"):
+  with pytest.raises(
+    TypeError, match=r"HalfAFamily must implement \['accepts_class', 'apply', 'build',"
+  ):
 
     class HalfAFamily(families.Family):  # noqa: F841
       optimizer_api = object
@@ -326,6 +328,23 @@ def test_tf_keras_fallbacks(monkeypatch):
   monkeypatch.setitem(sys.modules, "tf_keras", types.SimpleNamespace())  # no __internal__
   with tf.Graph().as_default():
     framework_internals.tf_keras_track_variable(tf.compat.v1.Variable(1.0))  # nothing to do
+
+
+def test_tensorboard_train_writer_fallbacks(tmp_path):
+  """None, so that the monitor opens a writer of its own: a callback without
+  the property, one not given a model yet, one whose writer its `fit` closed."""
+  import tensorflow as tf
+
+  assert framework_internals.tensorboard_train_writer(None) is None
+  assert framework_internals.tensorboard_train_writer(types.SimpleNamespace(log_dir="logs")) is None
+  tensorboard = keras.callbacks.TensorBoard(str(tmp_path), write_graph=False)
+  assert framework_internals.tensorboard_train_writer(tensorboard) is None
+  tensorboard.set_model(keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]))
+  writer = framework_internals.tensorboard_train_writer(tensorboard)
+  assert isinstance(writer, tf.summary.SummaryWriter)
+  assert framework_internals.tensorboard_train_writer(tensorboard) is writer
+  writer.close()
+  assert framework_internals.tensorboard_train_writer(tensorboard) is None
 
 
 _WITHOUT_BASE_LSO = """

@@ -616,3 +616,23 @@ def v2_decayed_lr(optimizer, var_dtype):
   if decayed_lr is None:
     raise AttributeError(f"{type(optimizer).__name__} has no `_decayed_lr`")
   return decayed_lr(var_dtype)
+
+
+# --- Keras's TensorBoard callback ---------------------------------------------
+
+
+def tensorboard_train_writer(callback):
+  """The summary writer of a `TensorBoard` callback's training scalars.
+
+  Relies on the `_train_writer` property of Keras 3's and tf_keras's
+  `TensorBoard` (and TF's own `tf.keras` from 2.2): the writer of
+  `<log_dir>/train`, made on first use, renewed when `fit` gives the callback
+  its model and closed at the end of that `fit`; and on the writer's
+  `_closed` flag (TensorFlow 2.x). None when the property is gone, when the
+  callback has had no model (no `fit` yet), when its writer is closed (its
+  last `fit` is over), or for None: the caller then uses a writer of its own.
+  """
+  writer = getattr(callback, "_train_writer", None)
+  if writer is None or getattr(writer, "_closed", False):
+    return None
+  return writer

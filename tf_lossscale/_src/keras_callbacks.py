@@ -14,6 +14,7 @@ above 1): the optimizer's `iterations`, `skipped_steps` and `loss_scale`.
 """
 
 import inspect
+import numbers
 import os
 import sys
 import warnings
@@ -81,15 +82,17 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
     created; not checkpointed);
   * writes the scalars `loss_scale` and `skipped_steps` (the total) at the
     step `optimizer.iterations` (training steps, skipped ones included),
-    every `update_freq` steps or at each epoch's end, to
-    `<log_dir>/train` of the `tensorboard` given (a `TensorBoard` callback
-    of either framework, or a log directory), else to the default summary
-    writer while one is set (such as the one a `TensorBoard` callback with
-    a batch-level `update_freq` sets during training; its recording
-    condition applies), else nowhere. Callbacks do not see each other:
-    a `TensorBoard` callback elsewhere in the list is only found through
-    the default writer it sets. Placed before a `TensorBoard` callback in
-    the list, the epoch logs also reach it as `epoch_loss_scale`, ...;
+    every `update_freq` steps or at each epoch's end, to `<log_dir>/train`
+    of the `tensorboard` given: a `TensorBoard` callback of either framework
+    (with the writer of its own training scalars, into its event file, while
+    it is in the same `fit`) or a log directory (with a writer of the
+    monitor's own); else to the default summary writer while one is set
+    (such as the one a `TensorBoard` callback with a batch-level
+    `update_freq` sets during training; its recording condition applies),
+    else nowhere. Callbacks do not see each other: a `TensorBoard` callback
+    elsewhere in the list is only found through the default writer it sets.
+    Placed before a `TensorBoard` callback in the list, the epoch logs also
+    reach it as `epoch_loss_scale`, ...;
   * when `min_scale_patience` consecutive steps run with the scale at the
     optimizer's `min_loss_scale` were all skipped (training is then going
     nowhere), warns once per `fit` with the numbers
@@ -119,8 +122,8 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
   [1, 2]
 
   Args:
-    update_freq: `'epoch'`, or an int: write the summaries every that many
-      training steps.
+    update_freq: `'epoch'`, or an integer: write the summaries every that
+      many training steps (`'batch'`: 1, as for Keras's `TensorBoard`).
     tensorboard: Where to write the summaries: a `TensorBoard` callback (its
       `log_dir`), a directory, or None (the default writer, if any).
     min_scale_patience: The number of consecutive skipped steps run with
@@ -159,20 +162,25 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
   ) -> None:
     super().__init__()
     self._check_arguments(update_freq, tensorboard, min_scale_patience, on_min_scale)
-    self.update_freq = update_freq
-    self.min_scale_patience = min_scale_patience
+    if update_freq == "batch":
+      update_freq = 1
+    self.update_freq = update_freq if update_freq == "epoch" else int(update_freq)
+    self.min_scale_patience = int(min_scale_patience)
     self.on_min_scale = on_min_scale
     self._log_dir = getattr(tensorboard, "log_dir", tensorboard)
+    # A `TensorBoard` callback lends its own writer (`_summary_writer`).
+    self._tensorboard = tensorboard if hasattr(tensorboard, "log_dir") else None
     self._writer = None
 
   @staticmethod
   def _check_arguments(update_freq, tensorboard, min_scale_patience, on_min_scale):
-    def positive_int(value):
-      return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    def positive_integer(value):
+      return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
 
-    if update_freq != "epoch" and not positive_int(update_freq):
+    if update_freq not in ("epoch", "batch") and not positive_integer(update_freq):
       raise ValueError(
-        f"update_freq must be 'epoch' or an int of at least 1, but got: {update_freq!r}"
+        "update_freq must be 'epoch', 'batch' or an integer of at least 1, "
+        f"but got: {update_freq!r}"
       )
     log_dir = getattr(tensorboard, "log_dir", tensorboard)
     if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
@@ -180,9 +188,9 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
         "tensorboard must be a TensorBoard callback, a log directory or None, "
         f"but got: {tensorboard!r}"
       )
-    if not positive_int(min_scale_patience):
+    if not positive_integer(min_scale_patience):
       raise ValueError(
-        f"min_scale_patience must be an int of at least 1, but got: {min_scale_patience!r}"
+        f"min_scale_patience must be an integer of at least 1, but got: {min_scale_patience!r}"
       )
     if on_min_scale not in _ON_MIN_SCALE:
       raise ValueError(f"on_min_scale must be one of {_ON_MIN_SCALE}, but got: {on_min_scale!r}")
@@ -212,10 +220,9 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
   # --- Callback hooks -------------------------------------------------------------
 
   def on_train_begin(self, logs=None):
-    """Finds the optimizer, reads its numbers, opens the summary writer.
+    """Finds the optimizer and reads its numbers.
 
-    The writer is opened on the chief only, for a `tensorboard` given; the
-    run at the minimum and the once-per-`fit` warning start afresh.
+    The run at the minimum and the once-per-`fit` warning start afresh.
 
     Raises:
       ValueError: If the model's optimizer is not a tf_lossscale
@@ -225,8 +232,6 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
     strategy = getattr(self.model, "distribute_strategy", None)
     self._chief = is_chief(strategy)
     self._close_writer()  # A `fit` stopped by an error never reached `on_train_end`.
-    if self._log_dir is not None and self._chief:
-      self._writer = tf.summary.create_file_writer(os.path.join(os.fspath(self._log_dir), "train"))
     self._last = self._read()
     self._epoch_start_skipped = self._last[1]
     self._run = 0  # Consecutive skipped steps with the scale at its minimum.
@@ -269,7 +274,7 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
       self._write(step, skipped, scale)
 
   def on_train_end(self, logs=None):
-    """Closes the summary writer that `on_train_begin` opened, if any."""
+    """Closes the monitor's own summary writer, if it opened one."""
     self._close_writer()
 
   def _close_writer(self):
@@ -282,12 +287,30 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
   def _write(self, step, skipped, scale):
     if not self._chief:
       return
-    if self._writer is not None:
-      with self._writer.as_default():
-        self._scalars(step, skipped, scale)
-      self._writer.flush()
-    else:
+    if self._log_dir is None:
       self._scalars(step, skipped, scale)  # Writes only while a default writer is set.
+      return
+    writer = self._summary_writer()
+    # Every point due: a `TensorBoard` callback's batch-level recording
+    # condition, set around the batches, is for its own summaries.
+    with writer.as_default(), tf.summary.record_if(True):
+      self._scalars(step, skipped, scale)
+    writer.flush()
+
+  def _summary_writer(self):
+    """The writer for `<log_dir>/train`: the `TensorBoard` callback's own.
+
+    A second writer there would start a second event file in the run, and a
+    running TensorBoard reads only the newest one: the callback's scalars
+    would stop. The monitor opens its own for a directory, or for a callback
+    whose writer it cannot use (not in this `fit`).
+    """
+    writer = framework_internals.tensorboard_train_writer(self._tensorboard)
+    if writer is not None:
+      return writer
+    if self._writer is None:
+      self._writer = tf.summary.create_file_writer(os.path.join(os.fspath(self._log_dir), "train"))
+    return self._writer
 
   @staticmethod
   def _scalars(step, skipped, scale):
