@@ -428,6 +428,27 @@ GRADIENT_ROWS = {
     TypeError,
     lambda v: PAIRS_NAMED,
   ),
+  # A list or a number has a shape too: it was applied to the first variable
+  # before its own failed (tf_keras's wrapper counted the step as well).
+  "python_list_shape_mismatch_second_pair": (
+    GRADIENT_FAMILIES,
+    lambda v: [(tf.ones([2]), v["a"]), ([1.0, 1.0, 1.0], v["b"])],
+    ValueError,
+    lambda v: [*_names("b")(v), *SHAPES_NAMED],
+  ),
+  "python_number_second_pair": (
+    GRADIENT_FAMILIES,
+    lambda v: [(tf.ones([2]), v["a"]), (1.0, v["b"])],
+    ValueError,
+    lambda v: [*_names("b")(v), re.escape("shape ()"), re.escape("(2,)")],
+  ),
+  # Keras 3 takes any dtype: a string one failed deep in the check.
+  "string_gradient_second_pair": (
+    GRADIENT_FAMILIES,
+    lambda v: [(tf.ones([2]), v["a"]), (tf.constant(["x", "y"]), v["b"])],
+    TypeError,
+    lambda v: [*_names("b")(v), "string", "tensor of numbers"],
+  ),
   "float64_gradient_second_pair": (
     ["tf_keras", "tf_keras_new"],  # compat_v1: see test_compat_v1_float64_gradient_*
     lambda v: [(tf.ones([2]), v["a"]), (tf.ones([2], tf.float64), v["b"])],
@@ -476,6 +497,29 @@ def _gradient_cases():
 @pytest.mark.parametrize("row, family, strategy_name, mode", _gradient_cases())
 def test_bad_gradients_raise_before_anything_changes(row, family, strategy_name, mode):
   check_bad_gradients(row, family, strategy_name, mode)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "graph"])
+@pytest.mark.parametrize("global_step", [5, "tensor"])
+def test_compat_v1_global_step_not_a_variable_raises_before_anything_changes(mode, global_step):
+  """TF's class (and ours) failed in the inner optimizer, after the variables,
+  the slots and the scale had changed."""
+  trainer = Trainer("compat_v1", "default", mode)
+  with trainer._context():
+    trainer.step = tf.constant(5, tf.int64) if global_step == "tensor" else global_step
+  before = trainer.state()
+  with pytest.raises(TypeError, match="global_step must be None or a variable"):
+    trainer.apply(lambda v: [(tf.ones([2]), v["a"])])
+  assert trainer.state() == before
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_unscaling_a_dict_of_gradients_names_it(family):
+  """`tape.gradient(loss, {'w': w})` gives a dict: its keys were unscaled
+  ("Cast float to string is not supported")."""
+  opt = LSO(make_inner(family), dynamic=False, initial_scale=4)
+  with pytest.raises(TypeError, match=re.escape("but got a dict (keys ['w'])")):
+    opt.get_unscaled_gradients({"w": tf.ones([2])})
 
 
 def _empty_list_cases():
@@ -598,3 +642,17 @@ def test_keras3_float64_gradient_is_cast_as_keras3_does(strategy_name):
   assert var.dtype == tf.float32
   for replica in locals_of(trainer.strategy, trainer.vars["a"]):
     np.testing.assert_array_equal(replica, var.numpy())
+
+
+# tf_keras's newer optimizers take no list (`-gradient`), wrapped or not.
+@pytest.mark.parametrize("family", ["keras3", "tf_keras"])
+def test_a_gradient_given_as_a_list_of_tensors_is_applied_in_a_function(family):
+  """Taken for a list of numbers by the shape check, it failed there
+  ("Cannot convert a symbolic tf.Tensor to a numpy array")."""
+  var = tf.Variable([1.0, 2.0])
+  opt = LSO(make_inner(family, learning_rate=1.0), dynamic=False, initial_scale=1)
+  if hasattr(opt, "build"):
+    opt.build([var])
+  step = tf.function(lambda a, b: [opt.apply_gradients([([a, b], var)])][:0])
+  step(tf.constant(1.0), tf.constant(2.0))
+  np.testing.assert_array_equal(var.numpy(), [0.0, 0.0])

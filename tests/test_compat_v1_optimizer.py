@@ -352,6 +352,31 @@ def test_a_custom_loss_scale_decides_when_to_apply(mode, strategy):
   assert (int(global_step), int(updates)) == (1, 2)
 
 
+class FiniteOnly(ls_module.LossScale):
+  """A user loss scale with no state: its `update` returns no op (None)."""
+
+  def __call__(self):
+    return tf.constant(4.0)
+
+  def update(self, grads):
+    finite = [tf.reduce_all(tf.math.is_finite(g)) for g in tf.nest.flatten(grads) if g is not None]
+    return None, tf.reduce_all(finite)
+
+  def get_config(self):
+    return {}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_custom_loss_scale_whose_update_returns_no_op(mode):
+  """Its None op failed `tf.group` in a function and in a TF1 graph."""
+  trainer = Trainer(mode, loss_scale=FiniteOnly)
+  trainer.step(1.0)
+  trainer.step(INF)  # skipped by the custom scale's verdict
+  var, _, global_step, scale = trainer.state()
+  np.testing.assert_allclose(var, INITIAL_VAR - LR * COEFFS)
+  assert (int(global_step), float(scale)) == (1, 4.0)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_indexed_slices_gradients_are_unscaled_and_applied_sparsely(mode):
   graph = tf.compat.v1.Graph() if mode == "graph" else None
@@ -563,6 +588,77 @@ TF1_PROGRAM = textwrap.dedent("""
                     tf.compat.v1.mixed_precision),
     }))
 """)
+
+
+# A DynamicLossScale subclass with an `update` of its own: TF's class named the
+# apply's conditional after the conditionals that update made (Adam's
+# `cond_1/beta1_power` after the scale's own); ours named Adam's variables
+# `beta1_power`, and TF's checkpoints did not restore. With any other loss
+# scale TF applied unconditionally: `beta1_power`.
+TF1_SUBCLASS_NAMES = textwrap.dedent("""
+    import json
+    import tensorflow as tf
+    tf.compat.v1.disable_v2_behavior()
+    import tf_lossscale
+
+    def variants(loss_scales):
+      def finite(grads):
+        return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+
+      class Super(loss_scales.DynamicLossScale):
+        def update(self, grads):
+          return super().update(grads)
+
+      class OwnCond(loss_scales.DynamicLossScale):
+        def update(self, grads):
+          ok = finite(grads)
+          return tf.cond(ok, tf.no_op, tf.no_op), ok
+
+      class NoCond(loss_scales.DynamicLossScale):
+        def update(self, grads):
+          return tf.no_op(), finite(grads)
+
+      class Custom(loss_scales.LossScale):
+        def __call__(self):
+          return tf.constant(4.0)
+
+        def update(self, grads):
+          return tf.no_op(), finite(grads)
+
+        def get_config(self):
+          return {}
+
+      return [lambda: Super(8.0), lambda: OwnCond(8.0), lambda: NoCond(8.0), Custom]
+
+    def names(cls, loss_scales):
+      found = []
+      for make_loss_scale in variants(loss_scales):
+        with tf.compat.v1.Graph().as_default():
+          var = tf.compat.v1.Variable([1.0, 2.0], name="var")
+          opt = cls(tf.compat.v1.train.AdamOptimizer(0.1), make_loss_scale())
+          opt.minimize(tf.reduce_sum(var))
+          found.append(sorted(v.op.name for v in tf.compat.v1.global_variables()))
+      return found
+
+    print(json.dumps([
+        names(tf_lossscale.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer,
+              tf_lossscale.loss_scale),
+        names(tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer,
+              tf.compat.v1.mixed_precision),
+    ]))
+""")
+
+
+def test_tf1_variable_names_with_a_loss_scale_s_own_update_are_tf_s():
+  env = helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3")
+  result = subprocess.run(
+    [sys.executable, "-c", TF1_SUBCLASS_NAMES], capture_output=True, text=True, env=env, check=False
+  )
+  assert result.returncode == 0, result.stderr[-4000:]
+  ours, tfs = json.loads(result.stdout.strip().splitlines()[-1])
+  prefixes = [{n.partition("/")[0] for n in names if "beta1_power" in n} for names in tfs]
+  assert prefixes == [{"cond_1"}, {"cond_1"}, {"cond"}, {"beta1_power"}]
+  assert ours == tfs
 
 
 def test_tf1_program_with_v2_behavior_disabled_matches_tf_class():

@@ -613,6 +613,81 @@ def test_each_scale_loss_is_unscaled_by_one_apply_as_keras3_does(in_function):
     np.testing.assert_array_equal(_scale_loss_steps(opt, in_function), plain, err_msg=family)
 
 
+@pytest.mark.parametrize("split", ["scaled_in_function", "applied_in_function"])
+def test_scale_loss_in_another_function_than_apply_warns_once(split, caplog):
+  """The mark pairs `scale_loss` with the next `apply_gradients` of its own
+  graph: one in another graph is not taken (the gradients are applied as
+  given, as TF 2.4's `apply_gradients` applies them), and said so."""
+  var = keras.Variable(1.0)
+  opt = mixed_precision.LossScaleOptimizer(
+    keras.optimizers.SGD(0.125), dynamic=False, initial_scale=4
+  )
+
+  def grads():
+    with tf.GradientTape() as tape:
+      loss = opt.scale_loss(var * 3.0)
+    return tape.gradient(loss, [var])
+
+  def apply(grads):
+    opt.apply(grads, [var])
+
+  if split == "scaled_in_function":
+    grads = tf.function(grads)
+  else:
+    apply = tf.function(apply)
+  with caplog.at_level(logging.WARNING, logger="tensorflow"):
+    for _ in range(2):
+      apply(grads())
+  warnings = [r for r in caplog.records if "in another tf.function" in r.getMessage()]
+  assert len(warnings) == 1
+  assert float(var.numpy()) == 1.0 - 2 * 0.125 * 3.0 * 4
+
+
+def test_scale_loss_marks_only_the_next_apply_and_fit_leaves_no_mark():
+  """A `fit` (Keras 3's protocol), then TF 2.4's `apply_gradients` of a
+  gradient given as it is: applied as given."""
+  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, use_bias=False)])
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=1024)
+  model.compile(optimizer=opt, loss="mse")
+  model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0)
+  kernel = model.layers[0].kernel
+  before = kernel.numpy()
+  opt.apply_gradients([(tf.ones([2, 1]), kernel)])
+  np.testing.assert_array_equal(kernel.numpy(), before - 1.0)
+  var = tf.Variable(1.0)
+  opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=1024)
+  with tf.GradientTape() as tape:
+    loss = opt.scale_loss(var * 3.0)
+  opt.apply_gradients([(tape.gradient(loss, var), var)])  # unscaled: 3
+  opt.apply_gradients([(tf.constant(3.0), var)])  # given unscaled: 3
+  assert float(var.numpy()) == 1.0 - 2 * 3.0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_step_abandoned_after_scale_loss_leaves_tf24_steps_unscaled_once(family):
+  """`scale_loss`, then an `apply_gradients` that raises (no gradient): the
+  next TF 2.4-style step divided its gradients by the scale twice."""
+  opt = mixed_precision.LossScaleOptimizer(
+    make_inner(family, learning_rate=1.0), dynamic=False, initial_scale=1024
+  )
+  var, other = tf.Variable(1.0), tf.Variable(1.0)
+  if hasattr(opt, "build"):
+    opt.build([var, other])
+  with tf.GradientTape() as tape:
+    loss = opt.scale_loss(other * 3.0)
+  with pytest.raises(ValueError, match="No gradients provided"):
+    opt.apply_gradients([(tape.gradient(loss, var), var)])
+  with tf.GradientTape() as tape:
+    scaled = opt.get_scaled_loss(var * 3.0)
+  opt.apply_gradients(zip(opt.get_unscaled_gradients(tape.gradient(scaled, [var])), [var]))
+  assert float(var.numpy()) == 1.0 - 3.0
+  # Mixed in one step, the gradients are still unscaled once.
+  with tf.GradientTape() as tape:
+    scaled = opt.scale_loss(var * 3.0)
+  opt.apply_gradients(zip(opt.get_unscaled_gradients(tape.gradient(scaled, [var])), [var]))
+  assert float(var.numpy()) == 1.0 - 2 * 3.0
+
+
 class _Logged(logging.Handler):
   def __init__(self):
     super().__init__()

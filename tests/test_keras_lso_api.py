@@ -1,6 +1,8 @@
 """Keras LossScaleOptimizer: constructor, attributes, delegation, config, experimental, checkpoints."""
 
+import copy
 import inspect
+import json
 import pickle
 import re
 
@@ -98,6 +100,12 @@ def test_options_beyond_tf24_default_to_tf24_and_are_none_when_fixed(family):
       "max_loss_scale must be at least the initial loss scale (32768.0), but got: 16",
     ),
     ({"hysteresis": 0}, "hysteresis must be an int of at least 1, but got: 0"),
+    ({"max_loss_scale": 2.0**128}, "at most the float32 maximum, 3.4028234663852886e+38"),
+    (
+      {"dynamic_growth_steps": 2**63},
+      "dynamic_growth_steps must be an int from -2**63 to 2**63 - 1 (an int64), "
+      "but got: 9223372036854775808",
+    ),
   ],
   ids=repr,
 )
@@ -422,6 +430,45 @@ def test_a_registered_subclass_serializes_as_itself(family):
   clone = deserialize(config)
   assert isinstance(clone, cls) and clone.clip_to == 3.0 and clone.initial_scale == 8.0
   assert isinstance(clone.inner_optimizer, type(make_inner(family)))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_user_s_inner_optimizer_class_deserializes_with_its_framework(family):
+  """Keras 3 and tf_keras write a user's class with its own module (None
+  from `__main__`): a tf_keras subclass's config went to Keras 3, which could
+  not find it."""
+  saving, serialize, deserialize = _SERIALIZATION[family]
+  inner_cls = type("UserSGD", (type(make_inner(family)),), {})
+  config = serialize(LSO(inner_cls(learning_rate=0.5), initial_scale=8))
+  with saving.custom_object_scope({"UserSGD": inner_cls}):
+    clone = deserialize(config)
+  assert type(clone.inner_optimizer) is inner_cls and clone.initial_scale == 8.0
+
+
+def test_a_user_s_keras3_class_with_a_config_of_its_own_deserializes_with_keras3():
+  """Without `use_ema` (its `get_config` not calling the base's), it is still
+  found where Keras 3 registered it."""
+
+  @keras.saving.register_keras_serializable("user_configs")
+  class OwnConfigSGD(keras.optimizers.SGD):
+    def get_config(self):
+      return {"learning_rate": 0.5}
+
+  config = keras.optimizers.serialize(LSO(OwnConfigSGD(0.5), initial_scale=8))
+  clone = keras.optimizers.deserialize(config)
+  assert type(clone.inner_optimizer) is OwnConfigSGD and clone.initial_scale == 8.0
+
+
+def test_from_config_leaves_the_config_it_is_given_as_it_was():
+  """The peers (and we) let the framework replace the inner optimizer's
+  schedule config by a schedule object in the caller's dict."""
+  schedule = keras.optimizers.schedules.ExponentialDecay(0.5, 10, 0.9)
+  config = LSO(keras.optimizers.SGD(schedule)).get_config()
+  before = copy.deepcopy(config)
+  for cls in (LSO, ExperimentalLSO):
+    cls.from_config(config)
+    assert config == before
+  json.dumps(config)
 
 
 def test_a_registered_subclass_survives_a_keras_model_save(tmp_path):
@@ -867,3 +914,53 @@ def test_experimental_from_config_takes_the_defaults_of_settings_left_out():
     opt = mixed_precision.experimental.LossScaleOptimizer.from_config(config)
     assert opt.get_config() == mixed_precision.LossScaleOptimizer.from_config(config).get_config()
     assert (opt.dynamic, opt.initial_scale, opt.dynamic_growth_steps) == (True, 2.0**15, 2000)
+
+
+# --- Keras 3's optimizer API, as Keras 3's errors ------------------------------
+
+
+def test_apply_without_variables_needs_a_built_inner_and_one_gradient_per_variable():
+  """They failed as `zip()`'s 'argument 2 is shorter than argument 1'."""
+  a, b = keras.Variable([1.0, 2.0]), keras.Variable(3.0)
+  opt = LSO(keras.optimizers.SGD(0.5), dynamic=False, initial_scale=4)
+  with pytest.raises(ValueError, match=re.escape("must already be built on a list of variables")):
+    opt.apply([tf.ones([2]), tf.ones([])])
+  opt.build([a, b])
+  with pytest.raises(ValueError, match=re.escape("apply got 1 gradients for 2 trainable")):
+    opt.apply([tf.ones([2])])
+  with pytest.raises(ValueError, match=re.escape("apply got 3 gradients for 2 trainable")):
+    opt.apply([tf.ones([2]), tf.ones([]), tf.ones([])])
+  assert count(opt.iterations) == 0
+  opt.apply([tf.ones([2]), tf.ones([])])
+  np.testing.assert_array_equal(a.numpy(), [0.5, 1.5])
+
+
+def test_stateless_apply_is_refused_with_keras3_s_error_type():
+  plain = keras.optimizers.SGD()
+  var = keras.Variable(1.0)
+  for opt in (plain, LSO(keras.optimizers.SGD())):
+    opt.build([var])
+    with pytest.raises(ValueError, match="stateless_apply is not supported"):
+      opt.stateless_apply([v.value for v in opt.variables], [tf.ones([])], [var.value])
+
+
+def test_a_variable_the_inner_was_not_built_for_is_named_by_its_path():
+  """Named 'kernel' only, every Dense layer's kernel looked alike."""
+  dense = keras.layers.Dense(1, name="head")
+  dense.build((None, 2))
+  opt = LSO(keras.optimizers.SGD())
+  opt.build([keras.Variable(1.0)])
+  with pytest.raises(ValueError, match=re.escape("variable 'head/kernel'")):
+    opt.apply_gradients([(tf.ones([2, 1]), dense.kernel)])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_minimize_takes_a_tape_given_third_as_tf_keras_s_newer_optimizers_do(family):
+  """`minimize(loss, var_list, tape)` is their signature: the tape was taken
+  for TF 2.4's `grad_loss` ("`tape` is required when a `Tensor` loss is passed")."""
+  var = tf.Variable(1.0)
+  opt = LSO(make_inner(family, learning_rate=0.5), dynamic=False, initial_scale=4)
+  with tf.GradientTape() as tape:
+    loss = var * 3.0
+  opt.minimize(loss, [var], tape)
+  assert float(var.numpy()) == 1.0 - 0.5 * 3.0

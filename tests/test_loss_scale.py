@@ -279,6 +279,25 @@ def test_an_option_set_is_in_config_and_repr_and_round_trips(name):
     ({"hysteresis": 0}, "hysteresis must be an int of at least 1, but got: 0"),
     ({"hysteresis": 2.0}, "hysteresis must be an int of at least 1, but got: 2.0"),
     ({"hysteresis": True}, "hysteresis must be an int of at least 1, but got: True"),
+    # Beyond float32 or int64 they were taken, then failed at the first eager
+    # update ("out of range for a double-precision float"), or in a graph made
+    # the cap Inf, the floor 0 (every step skipped for good) or the count wrap.
+    ({"min_loss_scale": 1e39}, "min_loss_scale must be a float32 between the smallest normal"),
+    ({"min_loss_scale": 1e-39}, "and the largest, 3.4028234663852886e+38, but got: 1e-39"),
+    (
+      {"max_loss_scale": 1e39},
+      "max_loss_scale must be None or Inf (unbounded) or at most the float32 maximum, "
+      "3.4028234663852886e+38, but got: 1e+39",
+    ),
+    (
+      {"hysteresis": 2**63},
+      "hysteresis must be an int from 1 to 2**63 - 1, but got: 9223372036854775808",
+    ),
+    (
+      {"increment_period": 2**63},
+      "increment_period must be an int from -2**63 to 2**63 - 1 (an int64), but got: 9223372036854775808",
+    ),
+    ({"increment_period": "ten"}, "increment_period must be an int, but got: 'ten'"),
   ],
   ids=repr,
 )

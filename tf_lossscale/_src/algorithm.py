@@ -123,6 +123,13 @@ def gradient_values(grad):
   return tf.convert_to_tensor(grad)
 
 
+def checked_values(grads):
+  """The tensors the finiteness check reads: each gradient's values, but
+  None and integer gradients (always finite; Keras 3 applies them)."""
+  values = [gradient_values(g) for g in grads if g is not None]
+  return [v for v in values if not v.dtype.is_integer]
+
+
 @tf.autograph.experimental.do_not_convert
 def all_finite(grads):
   """TF 2.4's check: True when no element of any gradient is Inf or NaN.
@@ -139,7 +146,7 @@ def all_finite(grads):
   >>> bool(all_finite([tf.constant([1., float("inf")])]))
   False
   """
-  flags = [tf.reduce_all(tf.math.is_finite(gradient_values(g))) for g in grads if g is not None]
+  flags = [tf.reduce_all(tf.math.is_finite(v)) for v in checked_values(grads)]
   return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
 
 

@@ -231,8 +231,9 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
       the gradients (None when eager).
 
     Raises:
-      TypeError: For an item that is not a (gradient, variable) pair, or a
-        gradient whose dtype is not its variable's.
+      TypeError: For an item that is not a (gradient, variable) pair, a
+        gradient whose dtype is not its variable's, or a `global_step` that
+        is not a variable.
       ValueError: In a cross-replica context, under a strategy that loss
         scaling does not support (the TPU strategies and TF2's
         `tf.distribute.experimental.ParameterServerStrategy`), if no pair or
@@ -256,6 +257,13 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
       raise ValueError("apply_gradients() must be called in a replica context.")
     _raise_if_strategy_unsupported()
     grads_and_vars = _checked_gradients(grads_and_vars)
+    if global_step is not None and not hasattr(global_step, "assign_add"):
+      # TF's class failed in the inner optimizer, after the scale and the
+      # variables had changed.
+      raise TypeError(
+        "global_step must be None or a variable (e.g. "
+        f"tf.compat.v1.train.get_or_create_global_step()), but got: {global_step!r}"
+      )
     return tf.distribute.get_replica_context().merge_call(
       self._apply_if_scale_allows, args=(tuple(grads_and_vars), global_step, name)
     )
@@ -265,26 +273,36 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     name = self.get_name() if name is None else name
     grads = [g for g, _ in grads_and_vars]
     state = loss_scale_module.dynamic_state(self._loss_scale)
-    if state is not None:
-      apply_scope = scale_state.tf24_apply_name_scope()
-    else:
-      apply_scope = contextlib.nullcontext()
 
-    def apply():
-      with apply_scope:
-        per_replica_ops = strategy.extended.call_for_each_replica(
-          self._optimizer.apply_gradients,
-          args=(grads_and_vars, global_step, name + "-wrapped"),
-        )
-        return strategy.group(per_replica_ops)
+    def apply_in(scope):
+      def apply():
+        with scope:
+          per_replica_ops = strategy.extended.call_for_each_replica(
+            self._optimizer.apply_gradients,
+            args=(grads_and_vars, global_step, name + "-wrapped"),
+          )
+          return strategy.group(per_replica_ops)
+
+      return apply
 
     if state is not None:
       # Our own update: it runs the apply itself (sharing the check's If op in
       # a function graph).
+      apply = apply_in(scale_state.tf24_apply_name_scope())
       update_op, _ = state.update(grads, apply_fn=apply, skip_fn=tf.no_op)
       return tf.group(update_op, name=name)
     update_scale, should_apply = self._loss_scale.update(grads)
-    return tf.group(scale_state.cond(should_apply, apply, tf.no_op), update_scale, name=name)
+    # A DynamicLossScale subclass's own `update`: TF 2.4's conditional, when
+    # the verdict is not known in Python, took the name after those the update
+    # took. (TF applied with any other loss scale unconditionally, unnamed.)
+    is_dynamic = isinstance(self._loss_scale, loss_scale_module.DynamicLossScale)
+    if is_dynamic and tf.get_static_value(should_apply) is None:
+      scope = scale_state.tf24_apply_name_scope(update_made=True)
+    else:
+      scope = contextlib.nullcontext()
+    ops = [scale_state.cond(should_apply, apply_in(scope), tf.no_op)]
+    # A custom LossScale's `update` may return None for its op (a stateless one).
+    return tf.group(*ops, *([] if update_scale is None else [update_scale]), name=name)
 
   # TF's name for it, which callers in a cross-replica context use.
   _distributed_apply = _apply_if_scale_allows

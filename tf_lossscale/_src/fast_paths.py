@@ -310,7 +310,7 @@ def all_finite(grads):
   >>> bool(all_finite([tf.constant([1., float("nan")]), None]))
   False
   """
-  values = [algorithm.gradient_values(g) for g in grads if g is not None]
+  values = algorithm.checked_values(grads)
   sparse = any(isinstance(g, tf.IndexedSlices) for g in grads)  # New shapes every step.
   if values and not sparse and eager_outside_strategies():
     return _check_call(values)
@@ -480,7 +480,7 @@ def update_scale_variables(
   flat = tf.nest.flatten(grads)
   variables = [v for v in (scale_var, counter_var, skipped_var) if v is not None]
   if _eager_one_call(variables, flat):
-    values = [algorithm.gradient_values(g) for g in flat if g is not None]
+    values = algorithm.checked_values(flat)
     finite, scale, counter = _check_and_step_call(
       values, *[v.handle for v in variables], *_settings_as_tensors(settings)
     )

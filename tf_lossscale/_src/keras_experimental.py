@@ -120,7 +120,7 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
     >>> LossScaleOptimizer.from_config(opt.get_config()).initial_scale
     8.0
     """
-    config = dict(config)
+    config = keras_optimizer.copied_config(config)
     with keras_optimizer.settings_only_scope():
       if "loss_scale" not in config:
         config["optimizer"] = config.pop("inner_optimizer")

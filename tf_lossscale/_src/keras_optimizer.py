@@ -28,10 +28,10 @@ for an OptimizerV2 under CentralStorageStrategy (which must aggregate itself),
 step 1 is left out and step 2 counts each replica's own finiteness instead.
 """
 
-import collections
 import contextlib
 import inspect
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -79,16 +79,18 @@ class _BaseOptimizerPlaceholder(framework_internals.Trackable):
     )
 
 
-# Marks made by `scale_loss` (Keras 3's training-loop protocol), per thread:
-# tf.distribute runs each replica of a MirroredStrategy in its own thread.
+# The `scale_loss` calls (Keras 3's protocol) no `apply_gradients` has taken
+# yet, per thread (tf.distribute runs each replica of a MirroredStrategy in a
+# thread of its own): {optimizer: {graph: count}}, held weakly, so that a mark
+# goes with its optimizer or its function's graph.
 _SCALED_LOSS_MARKS = threading.local()
 
 
-def _marks():
-  """{(id(optimizer), graph): `scale_loss` calls no `apply_gradients` has taken yet}."""
+def _marks(optimizer):
+  """`optimizer`'s marks in this thread: {graph: count}."""
   if not hasattr(_SCALED_LOSS_MARKS, "value"):
-    _SCALED_LOSS_MARKS.value = collections.Counter()
-  return _SCALED_LOSS_MARKS.value
+    _SCALED_LOSS_MARKS.value = weakref.WeakKeyDictionary()
+  return _SCALED_LOSS_MARKS.value.setdefault(optimizer, weakref.WeakKeyDictionary())
 
 
 _CONCRETE_CLASSES = {}
@@ -265,10 +267,10 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
   `clipvalue`, `global_clipnorm`) applies to the unscaled gradients.
 
   Keras 3's `Model.fit` calls `scale_loss(loss)` and then passes the SCALED
-  gradients to `apply_gradients`: `scale_loss` marks the next `apply_gradients`
-  of the same thread and graph, which then unscales the gradients first. Do
-  not call `get_unscaled_gradients` on gradients of a loss scaled by
-  `scale_loss`.
+  gradients to `apply_gradients`: `scale_loss` marks the next
+  `apply_gradients` of the same thread and graph, which then unscales the
+  gradients first. `get_scaled_loss` and `get_unscaled_gradients` (TF 2.4's
+  protocol) drop a mark left pending.
 
   Hyperparameters can be read and set through the wrapper, which delegates
   them to the inner optimizer:
@@ -429,7 +431,10 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
         dynamic_growth_steps = _DEFAULT_GROWTH_STEPS
       with tf.init_scope():
         loss_scale = loss_scale_module.DynamicLossScale(
-          initial_scale, int(dynamic_growth_steps), 2.0, **options
+          initial_scale,
+          validation.int64("dynamic_growth_steps", dynamic_growth_steps),
+          2.0,
+          **options,
         )
       state = loss_scale_module.dynamic_state(loss_scale)
     else:
@@ -446,6 +451,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     self._set_internal("_adapter", self._family(inner_optimizer))
     self._set_internal("_loss_scale", loss_scale)
     self._set_internal("_state", state)
+    self._set_internal("_warned_of_marks_elsewhere", False)
     framework_internals.mark_wrapped(inner_optimizer)
     # From here on the checkpoint node of the wrapper is the inner
     # optimizer's; the scale state and the placeholder hang from it.
@@ -525,8 +531,8 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     changes) and adds one, in the same cross-replica update as the loss
     scale, so every replica and worker holds the same count. It counts the
     steps of this optimizer object since it was created: it is not
-    checkpointed (TF 2.4's checkpoints have no such key), so it starts at 0
-    again after a restore. It is None with a fixed loss scale, which never
+    checkpointed (TF 2.4's checkpoints have no such key): a restore leaves
+    it as it was, and an optimizer made anew counts from 0. It is None with a fixed loss scale, which never
     skips, and when the optimizer was made in a TF1 graph (there, a step is
     skipped exactly when a gradient given to `apply_gradients` holds an Inf
     or NaN on any replica: fetch that check with the train op).
@@ -641,6 +647,10 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     >>> opt.get_scaled_loss(tf.constant(1.5, tf.float16))
     <tf.Tensor: shape=(), dtype=float16, numpy=6.0>
     """
+    _marks(self).clear()  # TF 2.4's protocol: no `scale_loss` is pending.
+    return self._scaled(loss)
+
+  def _scaled(self, loss):
     if callable(loss):
       return scale_state.scale_loss(loss, lambda: self.loss_scale)
     return scale_state.scale_loss(loss, self.loss_scale)
@@ -663,6 +673,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     ...  for g in opt.get_unscaled_gradients([tf.constant(2.), None])]
     [0.5, None]
     """
+    _marks(self).clear()  # TF 2.4's protocol: no `scale_loss` is pending.
     return scale_state.unscale_gradients(grads, self.loss_scale)
 
   @tf.autograph.experimental.do_not_convert
@@ -673,8 +684,12 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     scaled loss to `apply_gradients`. The next `apply_gradients` of this
     thread in the same graph (or in a conditional or loop of the same
     function) therefore unscales the gradients before anything else; each
-    `scale_loss` call is paired with one `apply_gradients`. Custom loops use
-    `get_scaled_loss` and `get_unscaled_gradients` instead.
+    `scale_loss` call is paired with one `apply_gradients`, which takes it
+    even if it then fails. `get_scaled_loss` and `get_unscaled_gradients`
+    (TF 2.4's protocol) drop the marks left pending, and an `apply_gradients`
+    that finds a mark only in another graph (`scale_loss` in another
+    function) warns, once, and takes the gradients as unscaled. Custom loops
+    use `get_scaled_loss` and `get_unscaled_gradients` instead.
 
     Args:
       loss: The loss tensor.
@@ -691,25 +706,38 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     >>> print(var.numpy())
     -2.0
     """
-    _marks()[(id(self), tf.compat.v1.get_default_graph())] += 1
-    return self.get_scaled_loss(loss)
+    marks, graph = _marks(self), tf.compat.v1.get_default_graph()
+    marks[graph] = marks.get(graph, 0) + 1
+    return self._scaled(loss)
 
   def _take_scaled_loss_mark(self):
     """Takes one `scale_loss` mark of this graph, or of the function around
-    the conditional or loop body it is (`if` on a tensor in a `tf.function`)."""
-    marks = _marks()
+    the conditional or loop body it is (`if` on a tensor in a `tf.function`).
+
+    A mark left in another graph (`scale_loss` in another function, or
+    eagerly around a function that applies) is not taken: the gradients are
+    taken as unscaled, as TF 2.4's `apply_gradients` takes them, with a
+    warning, once.
+    """
+    marks = _marks(self)
     graph = tf.compat.v1.get_default_graph()
     while True:
-      key = (id(self), graph)
-      if marks[key]:
-        marks[key] -= 1
-        if not marks[key]:
-          del marks[key]
+      if marks.get(graph):
+        marks[graph] -= 1
         return True
       # Only a function's graph has an outer graph: stop at the eager or TF1 graph.
       graph = getattr(graph, "outer_graph", None)
       if not hasattr(graph, "outer_graph"):
-        return False
+        break
+    if any(marks.values()) and not self._warned_of_marks_elsewhere:
+      self._set_internal("_warned_of_marks_elsewhere", True)
+      tf.get_logger().warning(
+        "LossScaleOptimizer.apply_gradients takes these gradients as unscaled: the "
+        "`scale_loss` call before it was made in another tf.function (or eagerly, outside "
+        "this one). Call `scale_loss` and `apply_gradients` in the same function, or unscale "
+        "the gradients with `get_unscaled_gradients` first."
+      )
+    return False
 
   # --- Applying ---------------------------------------------------------------
 
@@ -742,6 +770,10 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     >>> print(var.numpy())
     0.0
     """
+    if isinstance(grad_loss, tf.GradientTape):
+      # tf_keras's newer optimizers take the tape third: `minimize(loss,
+      # var_list, tape)`. No gradient of the loss is a tape.
+      grad_loss, tape = None, grad_loss
     grads_and_vars = self._compute_gradients(loss, var_list, grad_loss=grad_loss, tape=tape)
     return self.apply_gradients(grads_and_vars, name=name)
 
@@ -833,9 +865,11 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       raise ValueError("apply_gradients() must be called in a replica context.")
     # Checked here too: the optimizer is often built outside the strategy.
     _raise_if_strategy_unsupported()
+    # Taken before the checks: a step that fails takes its mark with it.
+    scaled = self._take_scaled_loss_mark()
     grads_and_vars = self._checked_gradients(grads_and_vars)
     aggregate = experimental_aggregate_gradients and not skip_gradients_aggregation
-    if self._take_scaled_loss_mark():
+    if scaled:
       grads_and_vars = self._unscaled_pairs(grads_and_vars)
     # As the plain optimizer's (Keras 3's builds even for None gradients); in
     # a graph named as the family's own wrapper named them.
@@ -847,7 +881,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     unknown = self._adapter.unknown_variables([v for _, v in grads_and_vars])
     if unknown:
       raise ValueError(
-        f"apply_gradients got a gradient for variable {unknown[0].name!r}, which the inner "
+        f"apply_gradients got a gradient for variable {_path(unknown[0])!r}, which the inner "
         f"{type(self._optimizer).__name__} was not built for: build it with every variable "
         "it will update (`optimizer.build(variables)`) before its first step, or use a new "
         "optimizer"
@@ -898,7 +932,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     """
     pairs = list(grads_and_vars)
     scaled = [i for i, (_, v) in enumerate(pairs) if not families.overwritten_with_gradient(v)]
-    unscaled = self.get_unscaled_gradients([pairs[i][0] for i in scaled])
+    unscaled = scale_state.unscale_gradients([pairs[i][0] for i in scaled], self.loss_scale)
     for i, grad in zip(scaled, unscaled, strict=True):
       pairs[i] = (grad, pairs[i][1])
     return pairs
@@ -1071,7 +1105,9 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     >>> opt.dynamic, opt.initial_scale
     (False, 16.0)
     """
-    config = dict(config)
+    # Copied through: the frameworks' `from_config` replace nested settings
+    # (a schedule's config by the schedule) in the dict they are given.
+    config = copied_config(config)
     if "loss_scale" in config:
       config.update(settings_from_legacy_loss_scale(config.pop("loss_scale"), deserializing=True))
       config["inner_optimizer"] = config.pop("optimizer")
@@ -1082,11 +1118,31 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     return cls(inner_optimizer=inner, **config)
 
 
+def _path(variable):
+  """A variable's name with its layer's (Keras 3's `path`), else its name."""
+  return getattr(variable, "path", None) or variable.name
+
+
+def copied_config(config):
+  """`config` with each dict and list in it copied, the rest shared."""
+  if isinstance(config, dict):
+    return {key: copied_config(value) for key, value in config.items()}
+  if isinstance(config, list):
+    return [copied_config(value) for value in config]
+  return config
+
+
 def deserialize_inner(cls, config, custom_objects):
   """Deserializes an inner optimizer config for `cls.from_config`: with the
   family of `cls` when it is a concrete class, else the family that wrote it."""
-  family = getattr(cls, "_family", None) or families.for_config(config)
-  return family.deserialize(config, custom_objects)
+  family = getattr(cls, "_family", None) or families.for_config(config, custom_objects)
+  inner = family.deserialize(config, custom_objects)
+  if not family.accepts(inner):
+    raise ValueError(
+      f"The inner optimizer config {config!r} gave {inner!r}, not an optimizer: give its "
+      "class in `custom_objects`"
+    )
+  return inner
 
 
 def settings_only_scope():

@@ -240,11 +240,22 @@ def scale_options(initial_scale, min_loss_scale=1.0, max_loss_scale=None, hyster
     raise ValueError(
       f"min_loss_scale must be a finite number greater than 0, but got: {min_loss_scale!r}"
     )
+  if not validation.FLOAT32_TINY <= min_loss_scale <= validation.FLOAT32_MAX:
+    raise ValueError(
+      "min_loss_scale must be a float32 between the smallest normal one, "
+      f"{validation.FLOAT32_TINY!r}, and the largest, {validation.FLOAT32_MAX!r}, "
+      f"but got: {min_loss_scale!r}"
+    )
   max_scale = math.inf if max_loss_scale is None else max_loss_scale
   if not (is_number(max_scale) and max_scale >= min_loss_scale):
     raise ValueError(
       "max_loss_scale must be None (unbounded) or a number at least min_loss_scale "
       f"({float(min_loss_scale)}), but got: {max_loss_scale!r}"
+    )
+  if math.isfinite(max_scale) and max_scale > validation.FLOAT32_MAX:
+    raise ValueError(
+      "max_loss_scale must be None or Inf (unbounded) or at most the float32 maximum, "
+      f"{validation.FLOAT32_MAX!r}, but got: {max_loss_scale!r}"
     )
   if max_scale < initial_scale:
     raise ValueError(
@@ -255,6 +266,8 @@ def scale_options(initial_scale, min_loss_scale=1.0, max_loss_scale=None, hyster
     hysteresis < 1
   ):
     raise ValueError(f"hysteresis must be an int of at least 1, but got: {hysteresis!r}")
+  if hysteresis > validation.INT64_MAX:
+    raise ValueError(f"hysteresis must be an int from 1 to 2**63 - 1, but got: {hysteresis!r}")
   return float(min_loss_scale), float(max_scale), int(hysteresis)
 
 
@@ -347,7 +360,7 @@ class DynamicLossScale(LossScale):
     _check_dynamic_settings(initial_loss_scale, multiplier)
     self._settings = algorithm.ScaleSettings(
       float(initial_loss_scale),
-      int(increment_period),
+      validation.int64("increment_period", increment_period),
       float(multiplier),
       *scale_options(float(initial_loss_scale), min_loss_scale, max_loss_scale, hysteresis),
     )
@@ -450,7 +463,8 @@ class DynamicLossScale(LossScale):
     Every `update` with a non-finite gradient adds one, in the same
     cross-replica update as the scale (so under a strategy every replica
     holds the same count). It counts the updates of this object since it was
-    created: it is not checkpointed, so it starts at 0 again after a restore.
+    created: it is not checkpointed, so a restore leaves it as it was (an
+    object made anew counts from 0).
     In a TF1 graph (`tf.compat.v1.Session`) there is no such variable (a
     default `Saver` would save it); use the `should_apply_gradients` tensor
     `update` returns.
@@ -482,6 +496,7 @@ class DynamicLossScale(LossScale):
         "`tf.distribute.get_replica_context().merge_call(lambda _, g: loss_scale.update(g), "
         "args=(grads,))`."
       )
+    scale_state.reserve_tf24_update_cond()
     update_op, should_apply_gradients = _DYNAMIC_STATES[self].update(grads)
     if update_op is not None:
       # In a graph, a tensor, as TF's: it can be fetched, returned from a

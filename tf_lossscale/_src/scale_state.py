@@ -28,7 +28,24 @@ def cond(pred, true_fn, false_fn):
   return _impl().cond(pred, true_fn, false_fn)
 
 
-def tf24_apply_name_scope():
+def _names_tf1_conds():
+  """The default graph, when it names conditionals as TF1 control flow did
+  (name scopes of a graph that is not a function's); else None."""
+  if tf.executing_eagerly() or tf.compat.v1.control_flow_v2_enabled():
+    return None
+  graph = tf.compat.v1.get_default_graph()
+  return None if graph.building_function else graph
+
+
+def reserve_tf24_update_cond():
+  """Takes the name TF 2.4's scale update gave its conditional (`cond`), where
+  names are TF1's (see `tf24_apply_name_scope`): the names after it are TF's."""
+  graph = _names_tf1_conds()
+  if graph is not None:
+    graph.unique_name("cond")
+
+
+def tf24_apply_name_scope(update_made=False):
   """The name scope of TF 2.4's apply under a dynamic loss scale, in a graph
   that is not a function's, for a name-based `Saver`: the variables an inner
   optimizer makes when it first applies are named after it.
@@ -40,15 +57,18 @@ def tf24_apply_name_scope():
   branch was a function graph of its own, its names starting at the top:
   `beta1_power` under any scope. Eagerly and in a function graph no name is
   saved: nothing changes there.
+
+  Args:
+    update_made: Whether the scale's update has run (a loss scale's own
+      `update`, which took its names): the apply takes the next `cond`.
   """
-  if tf.executing_eagerly():
+  if tf.executing_eagerly() or tf.compat.v1.get_default_graph().building_function:
     return contextlib.nullcontext()
-  graph = tf.compat.v1.get_default_graph()
-  if graph.building_function:
-    return contextlib.nullcontext()
-  if tf.compat.v1.control_flow_v2_enabled():
+  graph = _names_tf1_conds()
+  if graph is None:
     return tf.name_scope("")
-  graph.unique_name("cond")  # The scale's update.
+  if not update_made:
+    graph.unique_name("cond")  # The scale's update.
   return tf.name_scope(graph.unique_name("cond") + "/")
 
 
@@ -125,9 +145,19 @@ def unscale_gradients(grads, loss_scale):
   Returns:
     A new list of the same length.
 
+  Raises:
+    TypeError: For a dict (`tape.gradient` of a dict of variables), whose
+      keys would be taken for the gradients.
+
   >>> [float(g) for g in unscale_gradients([tf.constant(2.)], tf.constant(4.))]
   [0.5]
   """
+  if isinstance(grads, dict):
+    # TF 2.4 took its keys for the gradients, and failed on them.
+    raise TypeError(
+      "get_unscaled_gradients takes a list of gradients, but got a dict (keys "
+      f"{list(grads)[:3]}): pass a list, e.g. list(grads.values()), or tf.nest.flatten(grads)"
+    )
   grads = list(grads)  # Any iterable, as TF 2.4's.
   reciprocal = 1.0 / tf.convert_to_tensor(loss_scale, tf.float32)
   present = [i for i, g in enumerate(grads) if g is not None]

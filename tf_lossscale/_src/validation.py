@@ -8,11 +8,16 @@ TF had an error).
 """
 
 import math
+import numbers
 
 import numpy as np
 import tensorflow as tf
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+# The smallest normal float32: a scale floor below it loses precision, and its
+# reciprocal (what unscaling multiplies by) overflows from about 2.9e-39.
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+INT64_MAX = 2**63 - 1
 
 
 def float32_overflows(number):
@@ -53,6 +58,28 @@ def check_finite_above(name, value, bound):
     raise ValueError(f"{name} must be at most the float32 maximum, {FLOAT32_MAX!r}, got {value!r}")
 
 
+def int64(name, value):
+  """`int(value)`, refused with a `ValueError` naming `name` when that is not
+  an int64 (counts are int64 variables; a larger one wrapped around in a graph).
+
+  >>> int64("dynamic_growth_steps", 2000.0)
+  2000
+  >>> int64("dynamic_growth_steps", 2**63)
+  Traceback (most recent call last):
+  ...
+  ValueError: dynamic_growth_steps must be an int from -2**63 to 2**63 - 1 (an int64), but got: 9223372036854775808
+  """
+  try:
+    number = int(value)
+  except (TypeError, ValueError, OverflowError):
+    raise ValueError(f"{name} must be an int, but got: {value!r}") from None
+  if not -INT64_MAX - 1 <= number <= INT64_MAX:
+    raise ValueError(
+      f"{name} must be an int from -2**63 to 2**63 - 1 (an int64), but got: {value!r}"
+    )
+  return number
+
+
 def gradient_pairs(grads_and_vars):
   """The `(gradient, variable)` pairs of `apply_gradients`, as a list.
 
@@ -82,12 +109,21 @@ def gradient_pairs(grads_and_vars):
 
 
 def _static_shape_and_dtype(grad):
-  """A gradient's static shape and dtype (its values' for `tf.IndexedSlices`);
-  None for a Python number, which takes its variable's dtype when converted."""
+  """A gradient's static shape and dtype (its values' for `tf.IndexedSlices`).
+
+  A Python number or (nested) list of them has NumPy's shape and no dtype:
+  it takes its variable's when converted. None for anything else (a ragged
+  list, a list holding tensors: TensorFlow converts, or refuses, those).
+  """
   values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
   if tf.is_tensor(values) or isinstance(values, (np.ndarray, np.generic)):
     return tf.TensorShape(values.shape), tf.as_dtype(values.dtype)
-  return None
+  if not all(isinstance(v, numbers.Number) for v in tf.nest.flatten(values)):
+    return None
+  try:
+    return tf.TensorShape(np.shape(values)), None
+  except ValueError:
+    return None
 
 
 def check_gradients_fit(pairs, dtype_must_match):
@@ -103,7 +139,9 @@ def check_gradients_fit(pairs, dtype_must_match):
 
   Raises:
     ValueError: For a gradient whose shape does not fit its variable's.
-    TypeError: With `dtype_must_match`, for a gradient of another dtype.
+    TypeError: For a gradient that is not of numbers (a string or bool
+      tensor), or with `dtype_must_match` of another dtype than its
+      variable's.
 
   >>> var = tf.Variable([1., 2.], name='w')
   >>> check_gradients_fit([(tf.ones([3]), var)], dtype_must_match=True)
@@ -127,7 +165,12 @@ def check_gradients_fit(pairs, dtype_must_match):
         "a gradient must have its variable's shape"
         + (" (but for the first dimension, the rows it updates)" if sparse else "")
       )
-    if dtype_must_match and dtype.base_dtype != var_dtype.base_dtype:
+    if dtype is not None and not (dtype.is_floating or dtype.is_integer or dtype.is_complex):
+      raise TypeError(
+        f"apply_gradients got a {dtype.name} gradient for variable {var.name!r}; a gradient "
+        "must be a tensor of numbers (floating-point, integer or complex)"
+      )
+    if dtype_must_match and dtype is not None and dtype.base_dtype != var_dtype.base_dtype:
       raise TypeError(
         f"apply_gradients got a {dtype.name} gradient for variable {var.name!r} of dtype "
         f"{var_dtype.name}; this optimizer needs gradients of the variable's dtype"

@@ -37,6 +37,8 @@ Adding a family, a checklist:
 import importlib
 import sys
 
+import keras
+
 from tf_lossscale._src import framework_internals
 from tf_lossscale._src.families import keras3
 from tf_lossscale._src.families.base import (
@@ -136,13 +138,34 @@ def for_optimizer(optimizer):
   return None
 
 
-def for_config(config):
+def _named_class(config, custom_objects):
+  """The class of a serialized optimizer as the frameworks loaded find it
+  (`custom_objects`, their registrations and custom-object scopes), or None."""
+  savings = [keras.saving]
+  if sys.modules.get("tf_keras") is not None:
+    savings.append(sys.modules["tf_keras"].saving)
+  for name in (config.get("registered_name"), config.get("class_name")):
+    for saving in savings if isinstance(name, str) else ():
+      klass = saving.get_registered_object(name, custom_objects)
+      if isinstance(klass, type):
+        return klass
+  return None
+
+
+def for_config(config, custom_objects=None):
   """The family that deserializes a serialized inner optimizer: the one that wrote it.
 
-  A tf_keras config imports tf_keras, to load its families. A config of
-  Keras 2 (TF <= 2.12, no `module`) needs tf_keras too; without it, Keras 3
-  rebuilds the optimizer (see `Keras3Family.deserialize`).
+  A user's class (which Keras 3 and tf_keras both write with its own module,
+  or None) is looked up where the frameworks would find it. A tf_keras
+  config imports tf_keras, to load its families. A config of Keras 2 (TF <=
+  2.12, no `module`) needs tf_keras too; without it, Keras 3 rebuilds the
+  optimizer (see `Keras3Family.deserialize`).
   """
+  if not str(config.get("module")).startswith("keras."):
+    klass = _named_class(config, custom_objects)
+    for family in families() if klass is not None else ():
+      if family.accepts_class(klass):
+        return family
   if written_by_tf_keras(config):
     try:
       importlib.import_module("tf_keras")

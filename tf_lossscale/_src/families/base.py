@@ -115,9 +115,14 @@ class Family(abc.ABC):
   # --- What the family takes, and how it is (de)serialized -----------------
 
   @classmethod
-  @abc.abstractmethod
   def accepts(cls, optimizer):
     """Whether `optimizer` is an optimizer of this family."""
+    return cls.accepts_class(type(optimizer))
+
+  @classmethod
+  @abc.abstractmethod
+  def accepts_class(cls, klass):
+    """Whether `klass`, a class, makes optimizers of this family."""
 
   @classmethod
   @abc.abstractmethod
@@ -239,6 +244,17 @@ class Family(abc.ABC):
   def has_automatic_name(self):
     """Whether the inner optimizer's name was made up by its framework (and
     so differs between identically configured optimizers)."""
+
+
+def exported_classes(module, base):
+  """{name: class} of the optimizer classes (subclasses of `base`) that a
+  framework's `module` exports, for its `deserialize`, whose own table lacks
+  some of them (it gave back their names, or raised "Unknown optimizer")."""
+  return {
+    name: klass
+    for name, klass in vars(module).items()
+    if isinstance(klass, type) and issubclass(klass, base)
+  }
 
 
 def registered_name(klass, saving):

@@ -90,13 +90,29 @@ class Keras3OptimizerApi(keras.optimizers.LossScaleOptimizer):
     self._optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
 
   def apply(self, grads, trainable_variables=None):
-    """`apply_gradients(zip(grads, trainable_variables))`, Keras 3's spelling."""
+    """`apply_gradients(zip(grads, trainable_variables))`, Keras 3's spelling.
+
+    Without `trainable_variables`, those the inner optimizer was built for.
+    """
+    grads = list(grads)
     if trainable_variables is None:
+      if not self._optimizer.built:
+        raise ValueError(
+          "When passing `grads` without `trainable_variables`, the inner "
+          f"{type(self._optimizer).__name__} must already be built on a list of variables: "
+          "call `optimizer.build(trainable_variables)` first"
+        )
       trainable_variables = framework_internals.keras3_trainable_variables(self._optimizer)
-    return self.apply_gradients(zip(grads, trainable_variables, strict=True))
+    trainable_variables = list(trainable_variables)
+    if len(grads) != len(trainable_variables):
+      raise ValueError(
+        f"apply got {len(grads)} gradients for {len(trainable_variables)} trainable "
+        "variables; pass one gradient (or None) per variable"
+      )
+    return self.apply_gradients(zip(grads, trainable_variables))
 
   def stateless_apply(self, optimizer_variables, grads, trainable_variables):
-    """Not supported: always raises NotImplementedError.
+    """Not supported: always raises ValueError, as Keras 3's optimizers do.
 
     The loss scale and its counter are `tf.Variable`s updated in place by a
     `tf.distribute` cross-replica update, not tensors among the
@@ -104,10 +120,11 @@ class Keras3OptimizerApi(keras.optimizers.LossScaleOptimizer):
     inner optimizer's). Keras 3's TensorFlow optimizers refuse it too.
 
     Raises:
-      NotImplementedError: Always.
+      ValueError: Always.
     """
-    raise NotImplementedError(
-      "LossScaleOptimizer does not support stateless_apply (it needs tf.distribute's variables)."
+    raise ValueError(
+      "stateless_apply is not supported with the TensorFlow backend: LossScaleOptimizer "
+      "updates its loss scale in tf.distribute variables"
     )
 
   def __reduce__(self):
@@ -172,8 +189,8 @@ class Keras3Family(base.Family):
     )
 
   @classmethod
-  def accepts(cls, optimizer):
-    return isinstance(optimizer, keras.optimizers.Optimizer)
+  def accepts_class(cls, klass):
+    return issubclass(klass, keras.optimizers.Optimizer)
 
   @classmethod
   def is_loss_scale_optimizer(cls, optimizer):
@@ -206,7 +223,11 @@ class Keras3Family(base.Family):
     """
     if "module" not in config:
       config = _from_keras2_config(config)
-    return keras.optimizers.deserialize(dict(config), custom_objects=custom_objects)
+    # Keras 3's own `deserialize` does not know every class it exports (Lamb).
+    public = base.exported_classes(keras.optimizers, keras.optimizers.Optimizer)
+    return keras.optimizers.deserialize(
+      dict(config), custom_objects={**public, **(custom_objects or {})}
+    )
 
   @classmethod
   def init_wrapper(cls, wrapper):

@@ -75,8 +75,8 @@ class TfKerasFamily(base.Family):
     self._apply_gradients_takes_any = any(p.kind == p.VAR_KEYWORD for p in parameters)
 
   @classmethod
-  def accepts(cls, optimizer):
-    return isinstance(optimizer, tf_keras.optimizers.Optimizer)
+  def accepts_class(cls, klass):
+    return issubclass(klass, tf_keras.optimizers.Optimizer)
 
   is_loss_scale_optimizer = tf_keras_legacy.OptimizerV2Family.is_loss_scale_optimizer
   register_serializable = tf_keras_legacy.OptimizerV2Family.register_serializable
@@ -88,8 +88,11 @@ class TfKerasFamily(base.Family):
 
   @classmethod
   def deserialize(cls, config, custom_objects):
+    """Rebuilds a newer tf_keras optimizer, any of `tf_keras.optimizers`
+    (tf_keras's own `deserialize` knows neither Adafactor nor Lion)."""
+    public = base.exported_classes(tf_keras.optimizers, tf_keras.optimizers.Optimizer)
     return tf_keras.optimizers.deserialize(
-      dict(config), custom_objects=custom_objects, use_legacy_optimizer=False
+      dict(config), custom_objects={**public, **(custom_objects or {})}, use_legacy_optimizer=False
     )
 
   init_wrapper = tf_keras_legacy.OptimizerV2Family.init_wrapper

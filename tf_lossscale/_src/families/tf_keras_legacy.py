@@ -127,8 +127,8 @@ class OptimizerV2Family(base.Family):
     framework_internals.v2_check_members(inner)
 
   @classmethod
-  def accepts(cls, optimizer):
-    return isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer)
+  def accepts_class(cls, klass):
+    return issubclass(klass, tf_keras.optimizers.legacy.Optimizer)
 
   @classmethod
   def is_loss_scale_optimizer(cls, optimizer):
