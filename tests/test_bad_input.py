@@ -656,3 +656,34 @@ def test_a_gradient_given_as_a_list_of_tensors_is_applied_in_a_function(family):
   step = tf.function(lambda a, b: [opt.apply_gradients([([a, b], var)])][:0])
   step(tf.constant(1.0), tf.constant(2.0))
   np.testing.assert_array_equal(var.numpy(), [0.0, 0.0])
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["fixed", "dynamic"])
+def test_bool_gradients_are_applied_as_keras3_applies_them(dynamic):
+  """As 0 and 1: refused for a while, and before that they failed the
+  finiteness check of a dynamic scale."""
+  runs = []
+  for opt in (keras.optimizers.SGD(1.0), LSO(keras.optimizers.SGD(1.0), dynamic, 4)):
+    var = tf.Variable([1.0, 2.0])
+    opt.apply_gradients([(tf.constant([True, False]), var)])
+    runs.append(var.numpy().tolist())
+  assert runs == [[0.0, 2.0], [0.0, 2.0]]
+
+
+@pytest.mark.parametrize("family", ["tf_keras", "compat_v1"])
+def test_complex_gradients_are_checked_by_their_parts(family):
+  """`is_finite` takes no complex tensor: a dynamic scale failed on them (as
+  Keras 3's wrapper does); an Inf in either part skips the step."""
+  var = tf.Variable([1.0 + 1.0j, 2.0])
+  if family == "compat_v1":
+    scale = loss_scale.DynamicLossScale()
+    opt = MPLSO(tf.compat.v1.train.GradientDescentOptimizer(1.0), scale)
+  else:
+    opt = LSO(tf_keras.optimizers.legacy.SGD(1.0))
+    scale = lambda: opt.loss_scale  # noqa: E731
+  opt.apply_gradients([(tf.constant([1.0 + 1.0j, 1.0]), var)])
+  np.testing.assert_array_equal(var.numpy(), [0.0, 1.0])
+  before = float(scale())
+  opt.apply_gradients([(tf.constant([complex(1.0, INF), 1.0]), var)])
+  np.testing.assert_array_equal(var.numpy(), [0.0, 1.0])
+  assert float(scale()) == before / 2

@@ -638,7 +638,7 @@ def test_scale_loss_in_another_function_than_apply_warns_once(split, caplog):
   with caplog.at_level(logging.WARNING, logger="tensorflow"):
     for _ in range(2):
       apply(grads())
-  warnings = [r for r in caplog.records if "in another tf.function" in r.getMessage()]
+  warnings = [r for r in caplog.records if "pending in another tf.function" in r.getMessage()]
   assert len(warnings) == 1
   assert float(var.numpy()) == 1.0 - 2 * 0.125 * 3.0 * 4
 

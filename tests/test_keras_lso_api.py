@@ -459,6 +459,22 @@ def test_a_user_s_keras3_class_with_a_config_of_its_own_deserializes_with_keras3
   assert type(clone.inner_optimizer) is OwnConfigSGD and clone.initial_scale == 8.0
 
 
+def test_a_user_s_class_named_as_a_keras3_class_is_not_replaced_by_it():
+  """Keras 3's Lamb is given to `deserialize` for Keras 3's own configs; a
+  user's `Lamb` (its own module) comes back only as itself."""
+  if not hasattr(keras.optimizers, "Lamb"):
+    pytest.skip("this Keras has no Lamb")
+  user_lamb = type("Lamb", (keras.optimizers.Lamb,), {"__module__": "user.optimizers"})
+  config = LSO(user_lamb(), initial_scale=8).get_config()
+  assert config["inner_optimizer"]["module"] == "user.optimizers"
+  with pytest.raises(ValueError, match=re.escape("gave 'Lamb', not an optimizer: give its class")):
+    LSO.from_config(config)
+  assert type(LSO.from_config(config, {"Lamb": user_lamb}).inner_optimizer) is user_lamb
+  assert type(LSO.from_config(LSO(keras.optimizers.Lamb()).get_config()).inner_optimizer) is (
+    keras.optimizers.Lamb
+  )
+
+
 def test_from_config_leaves_the_config_it_is_given_as_it_was():
   """The peers (and we) let the framework replace the inner optimizer's
   schedule config by a schedule object in the caller's dict."""

@@ -771,3 +771,17 @@ def test_a_deep_copied_compat_v1_optimizer_applies_as_tfs():
   )
   assert ours == step(tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer, TF_DYNAMIC)
   assert ours == (4.0, 0.5)
+
+
+def test_an_increment_period_int_cannot_take_is_a_type_error_as_tf_s():
+  with pytest.raises(TypeError, match=re.escape("increment_period must be an int, but got: None")):
+    loss_scale.DynamicLossScale(16, increment_period=None)
+  with pytest.raises(TypeError):
+    TF_DYNAMIC(16, increment_period=None)
+
+
+def test_float32_s_largest_as_printed_is_a_max_loss_scale():
+  """3.4028235e+38 is above the float64 value of float32's largest, but is it
+  as a float32: it was refused for a while."""
+  ls = loss_scale.DynamicLossScale(16, max_loss_scale=3.4028235e38)
+  assert ls.get_config()["max_loss_scale"] == 3.4028235e38

@@ -124,10 +124,17 @@ def gradient_values(grad):
 
 
 def checked_values(grads):
-  """The tensors the finiteness check reads: each gradient's values, but
-  None and integer gradients (always finite; Keras 3 applies them)."""
-  values = [gradient_values(g) for g in grads if g is not None]
-  return [v for v in values if not v.dtype.is_integer]
+  """The tensors the finiteness check reads: each gradient's values (a
+  complex one's real and imaginary parts), but None, integer and bool
+  gradients (always finite; Keras 3 applies them)."""
+  checked = []
+  for grad in grads:
+    values = None if grad is None else gradient_values(grad)
+    if values is not None and values.dtype.is_complex:
+      checked += [tf.math.real(values), tf.math.imag(values)]
+    elif values is not None and values.dtype.is_floating:
+      checked.append(values)
+  return checked
 
 
 @tf.autograph.experimental.do_not_convert

@@ -6,7 +6,6 @@ hands the gradients to the loss scale's `update` (once, in a cross-replica
 context) and lets the wrapped optimizer apply them only when `update` says so.
 """
 
-import contextlib
 from typing import Any
 
 import tensorflow as tf
@@ -294,12 +293,12 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
     update_scale, should_apply = self._loss_scale.update(grads)
     # A DynamicLossScale subclass's own `update`: TF 2.4's conditional, when
     # the verdict is not known in Python, took the name after those the update
-    # took. (TF applied with any other loss scale unconditionally, unnamed.)
+    # took. With any other loss scale TF applied outside any conditional.
     is_dynamic = isinstance(self._loss_scale, loss_scale_module.DynamicLossScale)
     if is_dynamic and tf.get_static_value(should_apply) is None:
       scope = scale_state.tf24_apply_name_scope(update_made=True)
     else:
-      scope = contextlib.nullcontext()
+      scope = scale_state.outer_name_scope()
     ops = [scale_state.cond(should_apply, apply_in(scope), tf.no_op)]
     # A custom LossScale's `update` may return None for its op (a stateless one).
     return tf.group(*ops, *([] if update_scale is None else [update_scale]), name=name)

@@ -715,9 +715,9 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     the conditional or loop body it is (`if` on a tensor in a `tf.function`).
 
     A mark left in another graph (`scale_loss` in another function, or
-    eagerly around a function that applies) is not taken: the gradients are
-    taken as unscaled, as TF 2.4's `apply_gradients` takes them, with a
-    warning, once.
+    eagerly around a function that applies, or a `fit` step with nothing to
+    apply) is not taken: the gradients are taken as unscaled, as TF 2.4's
+    `apply_gradients` takes them, with a warning, once.
     """
     marks = _marks(self)
     graph = tf.compat.v1.get_default_graph()
@@ -732,10 +732,12 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     if any(marks.values()) and not self._warned_of_marks_elsewhere:
       self._set_internal("_warned_of_marks_elsewhere", True)
       tf.get_logger().warning(
-        "LossScaleOptimizer.apply_gradients takes these gradients as unscaled: the "
-        "`scale_loss` call before it was made in another tf.function (or eagerly, outside "
-        "this one). Call `scale_loss` and `apply_gradients` in the same function, or unscale "
-        "the gradients with `get_unscaled_gradients` first."
+        "LossScaleOptimizer.apply_gradients takes these gradients as unscaled: a "
+        "`scale_loss` call is pending in another tf.function (or eagerly, outside this one), "
+        "with no `apply_gradients` of its own there (as in a `fit` of a model with no "
+        "trainable weights). If these are gradients of that scaled loss, call `scale_loss` "
+        "and `apply_gradients` in the same function, or unscale them with "
+        "`get_unscaled_gradients` first."
       )
     return False
 

@@ -240,7 +240,7 @@ def scale_options(initial_scale, min_loss_scale=1.0, max_loss_scale=None, hyster
     raise ValueError(
       f"min_loss_scale must be a finite number greater than 0, but got: {min_loss_scale!r}"
     )
-  if not validation.FLOAT32_TINY <= min_loss_scale <= validation.FLOAT32_MAX:
+  if min_loss_scale < validation.FLOAT32_TINY or validation.float32_overflows(min_loss_scale):
     raise ValueError(
       "min_loss_scale must be a float32 between the smallest normal one, "
       f"{validation.FLOAT32_TINY!r}, and the largest, {validation.FLOAT32_MAX!r}, "
@@ -252,7 +252,7 @@ def scale_options(initial_scale, min_loss_scale=1.0, max_loss_scale=None, hyster
       "max_loss_scale must be None (unbounded) or a number at least min_loss_scale "
       f"({float(min_loss_scale)}), but got: {max_loss_scale!r}"
     )
-  if math.isfinite(max_scale) and max_scale > validation.FLOAT32_MAX:
+  if math.isfinite(max_scale) and validation.float32_overflows(max_scale):
     raise ValueError(
       "max_loss_scale must be None or Inf (unbounded) or at most the float32 maximum, "
       f"{validation.FLOAT32_MAX!r}, but got: {max_loss_scale!r}"

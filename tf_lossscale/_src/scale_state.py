@@ -45,6 +45,17 @@ def reserve_tf24_update_cond():
     graph.unique_name("cond")
 
 
+def outer_name_scope():
+  """The name scope of now, to enter again inside a conditional opened later,
+  where names are TF1's (see `tf24_apply_name_scope`): for an apply TF 2.4
+  ran outside any conditional."""
+  graph = _names_tf1_conds()
+  if graph is None:
+    return contextlib.nullcontext()
+  scope = graph.get_name_scope()
+  return tf.name_scope(scope + "/" if scope else "")
+
+
 def tf24_apply_name_scope(update_made=False):
   """The name scope of TF 2.4's apply under a dynamic loss scale, in a graph
   that is not a function's, for a name-based `Saver`: the variables an inner

@@ -71,8 +71,8 @@ def int64(name, value):
   """
   try:
     number = int(value)
-  except (TypeError, ValueError, OverflowError):
-    raise ValueError(f"{name} must be an int, but got: {value!r}") from None
+  except (TypeError, ValueError, OverflowError) as error:
+    raise type(error)(f"{name} must be an int, but got: {value!r}") from None
   if not -INT64_MAX - 1 <= number <= INT64_MAX:
     raise ValueError(
       f"{name} must be an int from -2**63 to 2**63 - 1 (an int64), but got: {value!r}"
@@ -139,9 +139,8 @@ def check_gradients_fit(pairs, dtype_must_match):
 
   Raises:
     ValueError: For a gradient whose shape does not fit its variable's.
-    TypeError: For a gradient that is not of numbers (a string or bool
-      tensor), or with `dtype_must_match` of another dtype than its
-      variable's.
+    TypeError: For a gradient that is not of numbers (a string tensor), or
+      with `dtype_must_match` of another dtype than its variable's.
 
   >>> var = tf.Variable([1., 2.], name='w')
   >>> check_gradients_fit([(tf.ones([3]), var)], dtype_must_match=True)
@@ -165,10 +164,10 @@ def check_gradients_fit(pairs, dtype_must_match):
         "a gradient must have its variable's shape"
         + (" (but for the first dimension, the rows it updates)" if sparse else "")
       )
-    if dtype is not None and not (dtype.is_floating or dtype.is_integer or dtype.is_complex):
+    if dtype is not None and not (dtype.is_numeric or dtype.is_bool):
       raise TypeError(
         f"apply_gradients got a {dtype.name} gradient for variable {var.name!r}; a gradient "
-        "must be a tensor of numbers (floating-point, integer or complex)"
+        "must be a tensor of numbers (floating-point, integer, complex or bool)"
       )
     if dtype_must_match and dtype is not None and dtype.base_dtype != var_dtype.base_dtype:
       raise TypeError(

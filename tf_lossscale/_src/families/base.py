@@ -246,10 +246,14 @@ class Family(abc.ABC):
     so differs between identically configured optimizers)."""
 
 
-def exported_classes(module, base):
+def exported_classes(config, module, base):
   """{name: class} of the optimizer classes (subclasses of `base`) that a
   framework's `module` exports, for its `deserialize`, whose own table lacks
-  some of them (it gave back their names, or raised "Unknown optimizer")."""
+  some of them (it gave back their names, or raised "Unknown optimizer").
+  Empty for a config of a user's class (its own module), which one of the
+  same name must not replace."""
+  if not str(config.get("module")).startswith("keras."):
+    return {}
   return {
     name: klass
     for name, klass in vars(module).items()

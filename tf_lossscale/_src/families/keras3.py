@@ -224,7 +224,7 @@ class Keras3Family(base.Family):
     if "module" not in config:
       config = _from_keras2_config(config)
     # Keras 3's own `deserialize` does not know every class it exports (Lamb).
-    public = base.exported_classes(keras.optimizers, keras.optimizers.Optimizer)
+    public = base.exported_classes(config, keras.optimizers, keras.optimizers.Optimizer)
     return keras.optimizers.deserialize(
       dict(config), custom_objects={**public, **(custom_objects or {})}
     )

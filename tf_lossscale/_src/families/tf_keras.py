@@ -90,7 +90,7 @@ class TfKerasFamily(base.Family):
   def deserialize(cls, config, custom_objects):
     """Rebuilds a newer tf_keras optimizer, any of `tf_keras.optimizers`
     (tf_keras's own `deserialize` knows neither Adafactor nor Lion)."""
-    public = base.exported_classes(tf_keras.optimizers, tf_keras.optimizers.Optimizer)
+    public = base.exported_classes(config, tf_keras.optimizers, tf_keras.optimizers.Optimizer)
     return tf_keras.optimizers.deserialize(
       dict(config), custom_objects={**public, **(custom_objects or {})}, use_legacy_optimizer=False
     )
