@@ -396,7 +396,7 @@ def test_a_model_without_our_optimizer_is_refused(framework):
     ),
     (
       {"min_scale_patience": np.int64(0)},
-      "min_scale_patience must be an integer of at least 1, but got: np.int64(0)",
+      f"min_scale_patience must be an integer of at least 1, but got: {np.int64(0)!r}",
     ),
     (
       {"on_min_scale": "stop"},
