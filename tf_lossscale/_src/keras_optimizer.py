@@ -532,10 +532,11 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     scale, so every replica and worker holds the same count. It counts the
     steps of this optimizer object since it was created: it is not
     checkpointed (TF 2.4's checkpoints have no such key): a restore leaves
-    it as it was, and an optimizer made anew counts from 0. It is None with a fixed loss scale, which never
-    skips, and when the optimizer was made in a TF1 graph (there, a step is
-    skipped exactly when a gradient given to `apply_gradients` holds an Inf
-    or NaN on any replica: fetch that check with the train op).
+    it as it was, and an optimizer made anew counts from 0. It is None with
+    a fixed loss scale, which never skips, and when the optimizer was made
+    in a TF1 graph (there, a step is skipped exactly when a gradient given
+    to `apply_gradients` holds an Inf or NaN on any replica: fetch that
+    check with the train op).
 
     Whether one step was applied is whether the count did not move; in a
     `tf.function` read it before and after `apply_gradients`:
