@@ -478,6 +478,7 @@ def test_a_tensorboard_callback_s_batch_recording_condition_filters_none_of_the_
 def test_skipped_steps_total_is_kept_by_a_restore_into_the_same_optimizer(tmp_path):
   """`skipped_steps` is not checkpointed: a restore leaves the optimizer's count
   as it was; only a new optimizer counts from 0 (docs/monitoring.md)."""
+  helpers.need_tf_checkpoints("keras3")
   model, x, y, batch = _model("keras3")
   monitor = callbacks.LossScaleMonitor()
   _fit(model, x, y, batch, [monitor], epochs=1)
