@@ -90,7 +90,10 @@ def _marks(optimizer):
   """`optimizer`'s marks in this thread: {graph: count}."""
   if not hasattr(_SCALED_LOSS_MARKS, "value"):
     _SCALED_LOSS_MARKS.value = weakref.WeakKeyDictionary()
-  return _SCALED_LOSS_MARKS.value.setdefault(optimizer, weakref.WeakKeyDictionary())
+  marks = _SCALED_LOSS_MARKS.value.get(optimizer)
+  if marks is None:  # Made once: this runs in every eager step.
+    marks = _SCALED_LOSS_MARKS.value[optimizer] = weakref.WeakKeyDictionary()
+  return marks
 
 
 _CONCRETE_CLASSES = {}
