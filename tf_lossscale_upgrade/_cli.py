@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import tokenize
+import warnings
 
 import libcst as cst
 
@@ -305,7 +306,9 @@ def _error_text(error, text=None):
   line, column, message = error.raw_line, error.raw_column + 1, error.message
   if text is not None:
     try:
-      compile(text, "<file>", "exec", flags=ast.PyCF_ONLY_AST)
+      with warnings.catch_warnings():  # only the error is news here
+        warnings.simplefilter("ignore")
+        compile(text, "<file>", "exec", flags=ast.PyCF_ONLY_AST)
     except SyntaxError as python_error:
       line, column, message = python_error.lineno, python_error.offset, python_error.msg
   return f"not valid Python (line {line}, column {column}): {message}"

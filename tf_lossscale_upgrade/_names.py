@@ -274,6 +274,15 @@ def same_object(first, second):
   return leaf == second.rsplit(".", 1)[-1] and leaf in _SHARED_LEAVES
 
 
+#: TensorFlow's private package of TF 2.1-2.3's Keras mixed precision, gone since TF 2.4.
+_GONE_PRIVATE = "tensorflow.python.keras.mixed_precision.experimental"
+
+
+def is_gone(module):
+  """Whether importing `module` fails on TF >= 2.16."""
+  return module in GONE or (module + ".").startswith(_GONE_PRIVATE + ".")
+
+
 def is_private_or_gone(module):
   """Whether importing `module` is what a migration should remove."""
   return module.startswith(_PRIVATE_ROOT) or module in GONE

@@ -63,7 +63,9 @@ class Notebook:
 
   def worth_parsing(self):
     """False when the code cells have nothing to rewrite or report (see `_prefilter`)."""
-    return _prefilter.worth_parsing("".join(self.cell_source(index) for index in self.code_cells))
+    # A cell's last line has no newline of its own: a comment there would swallow
+    # the next cell's first line.
+    return _prefilter.worth_parsing("\n".join(self.cell_source(index) for index in self.code_cells))
 
   def upgrade(self):
     """Rewrites the code cells.

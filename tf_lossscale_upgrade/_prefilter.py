@@ -21,6 +21,7 @@ False only when the full analysis would change nothing and report nothing:
 
 import ast
 import re
+import warnings
 
 from tf_lossscale_upgrade import _names
 
@@ -39,7 +40,10 @@ def worth_parsing(code):
   if "tensorflow" not in code or _WORDS.search(code) is None:
     return False
   try:
-    tree = ast.parse(code)
+    with warnings.catch_warnings():  # `"\d"` and the like: not the user's concern here
+      warnings.simplefilter("ignore", SyntaxWarning)
+      warnings.simplefilter("ignore", DeprecationWarning)
+      tree = ast.parse(code)
   except (SyntaxError, ValueError, RecursionError, MemoryError):
     return True
   return _reaches_a_known_name(tree)

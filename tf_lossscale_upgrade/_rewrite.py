@@ -434,7 +434,7 @@ class _Planner:
 
   def _whole_module(self, binding, uses, ours):
     """Whether the import of `binding` can simply import `ours` instead."""
-    needed = binding.target in _names.GONE
+    needed = _names.is_gone(binding.target)
     for use in uses:
       relative = use.name[len(binding.target) :]
       if use.kind == "name":
@@ -644,14 +644,14 @@ class _Planner:
       return
     left = [use for use in uses if use.access not in self._spelled_out]
     # An import nothing used is only removed when it would fail (a module gone from TF).
-    worth = len(left) < len(uses) or binding.target in _names.GONE
+    worth = len(left) < len(uses) or _names.is_gone(binding.target)
     if worth and not left and (not binding.dotted or self._only_user(binding)):
       self.dropped_aliases.add(binding.alias)
       self._report(binding.alias, REWRITE, binding.target, new="(import removed: unused now)")
-    elif not left and binding.dotted and binding.target in _names.GONE:
+    elif not left and binding.dotted and _names.is_gone(binding.target):
       # `import a.b.gone` whose `a` other uses read: `import a` (the rest are attributes).
       self._rewrite_alias(binding, binding.target.split(".")[0])
-    elif binding.target in _names.GONE:
+    elif _names.is_gone(binding.target):
       self._report(
         binding.alias,
         NOT_REWRITTEN,
