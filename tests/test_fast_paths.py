@@ -13,7 +13,9 @@
   gradients) decides as TF 2.4's element-wise check, on the same traps.
 """
 
+import gc
 import re
+import weakref
 
 import keras
 import numpy as np
@@ -785,3 +787,30 @@ def test_on_a_gpu_a_function_step_has_one_if(monkeypatch):
   assert len(ifs_in_a_step()) == 2
   monkeypatch.setattr(fast_paths, "_cpu_only", lambda: False)
   assert len(ifs_in_a_step()) == 1
+
+
+def _one_calls():
+  return [value for value in vars(fast_paths).values() if isinstance(value, fast_paths.OneCall)]
+
+
+def test_eager_steps_of_many_model_shapes_keep_a_bounded_number_of_traced_functions():
+  # A sweep over model shapes, trained eagerly in one process: the functions traced
+  # for shapes long gone are dropped (the tf.function's own cache kept every one).
+  assert len(_one_calls()) >= 3
+  for one_call in _one_calls():
+    one_call._concrete.clear()  # pylint: disable=protected-access
+  first = None
+  for width in range(1, fast_paths.OneCall._MAX_SIGNATURES + 8):
+    var = tf.Variable(tf.ones([width]))
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=2.0)
+    with tf.GradientTape() as tape:
+      loss = opt.get_scaled_loss(tf.reduce_sum(var))
+    grads = opt.get_unscaled_gradients(tape.gradient(loss, [var]))
+    opt.apply_gradients(zip(grads, [var]))
+    assert np.array_equal(var.numpy(), np.zeros(width))
+    if first is None:
+      first = [weakref.ref(c) for o in _one_calls() for c in o._concrete.values()]
+      assert first
+  gc.collect()
+  assert [ref for ref in first if ref() is not None] == []
+  assert max(len(o._concrete) for o in _one_calls()) <= fast_paths.OneCall._MAX_SIGNATURES

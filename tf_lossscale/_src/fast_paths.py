@@ -269,15 +269,19 @@ class OneCall:
   of gradients. This keeps one concrete function per signature and calls it
   with the flat list of tensors. The signature is the dtypes, and the shapes
   too with `static_shapes` (for functions that are faster when they know
-  them); otherwise the function is traced for tensors of any shape.
+  them); otherwise the function is traced for tensors of any shape. At most
+  `_MAX_SIGNATURES` are kept: then all are dropped with the `tf.function`
+  that traced them, whose own cache would keep them for the process's life
+  (a sweep over many model shapes, trained eagerly, in one process).
   """
 
   _MAX_SIGNATURES = 32
 
   def __init__(self, fn, static_shapes=False):
-    self._function = tf.function(fn, autograph=False)
+    self._fn = fn
     self._static_shapes = static_shapes
     self._concrete = {}
+    self._function = tf.function(fn, autograph=False)
 
   def __call__(self, tensors, *extra):
     static = self._static_shapes
@@ -286,6 +290,7 @@ class OneCall:
     if concrete is None:
       if len(self._concrete) >= self._MAX_SIGNATURES:
         self._concrete.clear()
+        self._function = tf.function(self._fn, autograph=False)
       specs = [tf.TensorSpec(shape, dtype) for dtype, shape in signature]
       concrete = self._function.get_concrete_function(specs[: len(tensors)], *specs[len(tensors) :])
       self._concrete[signature] = concrete
