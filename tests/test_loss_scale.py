@@ -8,6 +8,7 @@ import copy
 import functools
 import re
 
+import keras
 import pytest
 import tensorflow as tf
 
@@ -15,6 +16,7 @@ import helpers
 import tf_lossscale
 from tf_lossscale import loss_scale
 from tf_lossscale._src import loss_scale as loss_scale_src
+from tf_lossscale.keras.mixed_precision import LossScaleOptimizer
 
 NAN = float("nan")
 INF = float("inf")
@@ -235,6 +237,25 @@ def test_options_default_to_tf24_behaviour():
   ls = loss_scale.DynamicLossScale()
   assert (ls.min_loss_scale, ls.max_loss_scale, ls.hysteresis) == (1.0, INF, 1)
   assert sorted(ls.get_config()) == ["increment_period", "initial_loss_scale", "multiplier"]
+
+
+@pytest.mark.parametrize(
+  "defaults",
+  [
+    {"min_loss_scale": 1, "hysteresis": 1},
+    {"min_loss_scale": 1.0, "max_loss_scale": float("inf"), "hysteresis": 1},
+    {"max_loss_scale": None},
+  ],
+)
+def test_options_given_at_their_defaults_leave_the_config_as_tf24s(defaults):
+  # API.md: absent from get_config() at their defaults, given or not (configs compared).
+  ls = loss_scale.DynamicLossScale(8, 3, **defaults)
+  assert ls.get_config() == loss_scale.DynamicLossScale(8, 3).get_config()
+  assert repr(ls) == repr(loss_scale.DynamicLossScale(8, 3))
+  opt = LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=8, **defaults)
+  assert (
+    opt.get_config() == LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=8).get_config()
+  )
 
 
 @pytest.mark.parametrize("name", list(OPTION_VALUES))
