@@ -470,6 +470,11 @@ FAST_CHECK_TRAPS = {
     lambda: [tf.constant([BIG])] * 2 + [tf.ones([1]), tf.ones([2]), tf.constant([NAN])],
     False,
   ),
+  # A group of same-shaped gradients fills a stacked chunk (16 of 2**16 elements).
+  "nan_in_the_last_gradient_of_a_full_chunk": (
+    lambda: [tf.ones([1 << 16])] * 15 + [tf.concat([tf.ones([(1 << 16) - 1]), [NAN]], 0)],
+    False,
+  ),
   "inf_in_float16_beside_float32": (
     lambda: [tf.ones([3]), tf.constant([1.0, INF], tf.float16)],
     False,
@@ -484,6 +489,11 @@ FAST_CHECK_TRAPS = {
   "inf_in_the_first_element": (lambda: [tf.constant([[INF, 1.0, 1.0], [1.0] * 3])], False),
   "nan_in_the_last_row": (
     lambda: [tf.concat([tf.ones([3, 3]), tf.constant([[1.0, 1.0, NAN]])], 0)],
+    False,
+  ),
+  # Small gradients beside matrices: concatenated, beside the matrices' products.
+  "nan_in_a_small_grad_beside_a_matrix": (
+    lambda: [tf.constant([1.0, NAN, 1.0]), tf.ones([4, 3]), tf.ones([5])],
     False,
   ),
   "inf_in_a_float64_matrix_beside_float32": (
