@@ -22,7 +22,8 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
   It is identical to the non-experimental class except for its constructor,
   which takes a `loss_scale` where the non-experimental one takes `dynamic`,
   `initial_scale` and `dynamic_growth_steps`. Conversions to the
-  non-experimental class:
+  non-experimental class (configs of Keras 3 optimizers built without a name
+  are compared with `comparable_config`, see `LossScaleOptimizer`):
 
   >>> import tf_lossscale
   >>> from tf_lossscale.keras import mixed_precision
@@ -31,7 +32,7 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
   ...     tf.keras.optimizers.SGD(), loss_scale='dynamic')
   >>> opt2 = mixed_precision.LossScaleOptimizer(
   ...     tf.keras.optimizers.SGD())
-  >>> assert opt1.get_config() == opt2.get_config()
+  >>> assert opt1.comparable_config() == opt2.comparable_config()
 
   >>> opt1 = mixed_precision.experimental.LossScaleOptimizer(
   ...     tf.keras.optimizers.SGD(), loss_scale=123)
@@ -40,14 +41,14 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
   >>> # when dynamic=False.
   >>> opt2 = mixed_precision.LossScaleOptimizer(
   ...     tf.keras.optimizers.SGD(), dynamic=False, initial_scale=123)
-  >>> assert opt1.get_config() == opt2.get_config()
+  >>> assert opt1.comparable_config() == opt2.comparable_config()
 
   >>> loss_scale = tf_lossscale.mixed_precision.experimental.DynamicLossScale(
   ...     initial_loss_scale=2048, increment_period=500)
   >>> opt1 = mixed_precision.experimental.LossScaleOptimizer(
-  ...     tf.keras.optimizers.SGD(), loss_scale=loss_scale)
+  ...     tf.keras.optimizers.SGD(name='sgd'), loss_scale=loss_scale)
   >>> opt2 = mixed_precision.LossScaleOptimizer(
-  ...     tf.keras.optimizers.SGD(), initial_scale=2048,
+  ...     tf.keras.optimizers.SGD(name='sgd'), initial_scale=2048,
   ...     dynamic_growth_steps=500)
   >>> assert opt1.get_config() == opt2.get_config()
 

@@ -309,11 +309,11 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
   l2_regularization_strength, beta, decay; a tf_keras OptimizerV2: its
   `_hyper` names), when the inner optimizer has them. `dir()` lists them.
 
-  Config comparison: Keras 3.15 and later name default optimizers uniquely
-  (`sgd`, `sgd_1`, ...). `get_config()` names such an inner optimizer after
-  its class alone (`sgd`), as TF 2.4's configs did, so two wrappers
-  configured alike have equal configs; `comparable_config()` leaves that
-  automatic name out.
+  Config comparison: Keras 3 names default optimizers uniquely (`sgd`,
+  `sgd_1`, ...), so the configs of two freshly built wrappers differ in the
+  inner optimizer's name. `comparable_config()` is `get_config()` without such
+  an automatic inner name; compare those to check that two optimizers are
+  configured alike.
 
   Beyond TF 2.4, keyword-only options bound a dynamic loss scale
   (`min_loss_scale`, `max_loss_scale`) and let it halve only after several
@@ -1061,8 +1061,12 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
   def comparable_config(self) -> dict[str, Any]:
     """`get_config()` without the inner optimizer's automatic name.
 
-    Drops the inner `name` when Keras made it up (`sgd`, `sgd_1`, ...; before
-    Keras 3.15 the class's default name, `SGD`). Names you chose are kept.
+    Keras 3.15 and later name each default optimizer uniquely (`sgd`,
+    `sgd_1`, ...), so two freshly built, identically configured optimizers
+    have different configs. This config drops the inner `name` when it is
+    such an automatic name (or, before Keras 3.15, the class's default name),
+    so equal configurations compare equal on every Keras. Names you chose are
+    kept.
 
     Returns:
       A dict, `get_config()` possibly without `inner_optimizer.config.name`.

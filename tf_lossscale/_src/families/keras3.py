@@ -303,32 +303,16 @@ class Keras3Family(base.Family):
     setattr(self.inner, name, value)
 
   def serialize(self):
-    config = keras.optimizers.serialize(self.inner)
-    automatic = self._automatic_name()
-    if automatic is not None and config["config"].get("name") != automatic:
-      # `sgd_1` -> `sgd`: as in TF 2.4's configs (and earlier Keras's), every
-      # optimizer of a class built without a name is named alike, so that two
-      # wrappers configured alike have equal configs.
-      config = {**config, "config": {**config["config"], "name": automatic}}
-    return config
+    return keras.optimizers.serialize(self.inner)
 
   def has_automatic_name(self):
-    return self._automatic_name() is not None
-
-  def _automatic_name(self):
-    """The name Keras gives each optimizer of the inner's class built without
-    one, unnumbered; None when the inner's name was chosen.
-
-    Keras <= 3.14 gives them all the constructor's default (`SGD`, `adamw`);
-    later Keras numbers them (`sgd`, `sgd_1`, ...).
-    """
+    # Keras <= 3.14 gives every optimizer of a class the same default name, the
+    # constructor's (`SGD`, `adamw`); later Keras a unique one (`sgd`, `sgd_1`).
     name = inspect.signature(type(self.inner).__init__).parameters.get("name")
     if name is not None and isinstance(name.default, str):
-      return name.default if self.inner.name == name.default else None
-    automatic = _snake_case(type(self.inner).__name__)
-    if re.fullmatch(f"{re.escape(automatic)}(_[0-9]+)?", self.inner.name) is None:
-      return None
-    return automatic
+      return self.inner.name == name.default
+    automatic = re.escape(_snake_case(type(self.inner).__name__))
+    return re.fullmatch(f"{automatic}(_[0-9]+)?", self.inner.name) is not None
 
 
 FAMILY = Keras3Family
