@@ -308,6 +308,17 @@ def test_seed_config_equality_keras3_named():
     assert opt1.get_config() == opt2.get_config()
 
 
+def test_config_keeps_the_inner_optimizer_s_own_name():
+  # Keras 3.15 on keys an optimizer's state by its name (`get_state_tree`, Orbax
+  # checkpoints): a config that renamed `sgd_1` to `sgd` made seed 000's `==` hold,
+  # but a model rebuilt from it found no optimizer state to load.
+  keras.optimizers.SGD()
+  inner = keras.optimizers.SGD()  # `sgd_N` on Keras 3.15 on, `SGD` before
+  opt = LSO(inner)
+  assert opt.get_config()["inner_optimizer"]["config"]["name"] == inner.name
+  assert LSO.from_config(opt.get_config()).inner_optimizer.name == inner.name
+
+
 def test_seed_config_equality_keras3_comparable_config():
   # Keras 3.15 on names the inner optimizers `sgd_N`, `sgd_M`; earlier Keras
   # names each `SGD`: the default name is dropped either way.
