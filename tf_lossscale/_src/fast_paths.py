@@ -26,6 +26,7 @@ tf_lossscale turns every one of them off (docs/benchmarks.md measures each).
   unscale of many gradients.
 """
 
+import collections
 import dataclasses
 import functools
 import os
@@ -269,19 +270,18 @@ class OneCall:
   of gradients. This keeps one concrete function per signature and calls it
   with the flat list of tensors. The signature is the dtypes, and the shapes
   too with `static_shapes` (for functions that are faster when they know
-  them); otherwise the function is traced for tensors of any shape. At most
-  `_MAX_SIGNATURES` are kept: then all are dropped with the `tf.function`
-  that traced them, whose own cache would keep them for the process's life
-  (a sweep over many model shapes, trained eagerly, in one process).
+  them); otherwise the function is traced for tensors of any shape. Each is
+  traced by a `tf.function` of its own, and the least recently used goes
+  beyond `_MAX_SIGNATURES` (a sweep over many model shapes in one process
+  kept them all).
   """
 
-  _MAX_SIGNATURES = 32
+  _MAX_SIGNATURES = 64
 
   def __init__(self, fn, static_shapes=False):
     self._fn = fn
     self._static_shapes = static_shapes
-    self._concrete = {}
-    self._function = tf.function(fn, autograph=False)
+    self._concrete = collections.OrderedDict()
 
   def __call__(self, tensors, *extra):
     static = self._static_shapes
@@ -289,11 +289,13 @@ class OneCall:
     concrete = self._concrete.get(signature)
     if concrete is None:
       if len(self._concrete) >= self._MAX_SIGNATURES:
-        self._concrete.clear()
-        self._function = tf.function(self._fn, autograph=False)
+        self._concrete.popitem(last=False)
       specs = [tf.TensorSpec(shape, dtype) for dtype, shape in signature]
-      concrete = self._function.get_concrete_function(specs[: len(tensors)], *specs[len(tensors) :])
+      function = tf.function(self._fn, autograph=False)
+      concrete = function.get_concrete_function(specs[: len(tensors)], *specs[len(tensors) :])
       self._concrete[signature] = concrete
+    elif signature in self._concrete:  # (not dropped by another thread meanwhile)
+      self._concrete.move_to_end(signature)
     return framework_internals.call_concrete_function(concrete, [*tensors, *extra])
 
 
