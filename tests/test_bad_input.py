@@ -428,6 +428,12 @@ GRADIENT_ROWS = {
     TypeError,
     lambda v: PAIRS_NAMED,
   ),
+  "triple": (
+    GRADIENT_FAMILIES,
+    lambda v: [(tf.ones([2]), v["a"], tf.ones([2]))],
+    TypeError,
+    lambda v: PAIRS_NAMED,
+  ),
   # A list or a number has a shape too: it was applied to the first variable
   # before its own failed (tf_keras's wrapper counted the step as well).
   "python_list_shape_mismatch_second_pair": (

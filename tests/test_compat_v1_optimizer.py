@@ -377,6 +377,41 @@ def test_a_custom_loss_scale_whose_update_returns_no_op(mode):
   assert (int(global_step), float(scale)) == (1, 4.0)
 
 
+class CountedApplies(ls_module.LossScale):
+  """A user loss scale that always applies: its verdict needs none of its op."""
+
+  def __init__(self):
+    super().__init__()
+    self.updates = self._add_weight("updates", 0, tf.int64)
+
+  def __call__(self):
+    return tf.constant(4.0)
+
+  def update(self, grads):
+    del grads
+    return self.updates.assign_add(1), True
+
+  def get_config(self):
+    return {}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_train_op_runs_a_loss_scale_s_own_update(mode):
+  """The update op of a custom `LossScale`, and the scale changes of a
+  `DynamicLossScale` subclass's own `update`, whose verdicts do not depend
+  on them: a TF1 train op that dropped them kept the scale as it was."""
+  counted = Trainer(mode, loss_scale=CountedApplies)
+  logged = Trainer(mode, loss_scale=lambda: LoggedDynamic(8.0))
+  for _ in range(2):
+    counted.step(1.0)
+    logged.step(NAN)
+  with counted._context():
+    assert counted.read(counted.loss_scale.updates) == [2]
+  var, _, global_step, scale = logged.state()
+  np.testing.assert_array_equal(var, INITIAL_VAR)
+  assert (int(global_step), float(scale)) == (0, 2.0)  # skipped twice: 8, 4, 2
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_indexed_slices_gradients_are_unscaled_and_applied_sparsely(mode):
   graph = tf.compat.v1.Graph() if mode == "graph" else None
@@ -661,6 +696,53 @@ def test_tf1_variable_names_with_a_loss_scale_s_own_update_are_tf_s():
   assert ours == tfs
 
 
+# A DynamicLossScale subclass whose `update` gives its verdict as a Python
+# bool: TF's class applied outside any conditional, so Adam's variables keep
+# their plain names under the name scope, with either control flow.
+STATIC_VERDICT_NAMES = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    if sys.argv[1] == "tf1":
+      tf.compat.v1.disable_v2_behavior()
+    import tf_lossscale
+
+    def names(cls, loss_scales):
+      class AlwaysApply(loss_scales.DynamicLossScale):
+        def update(self, grads):
+          update_op, _ = super().update(grads)
+          return update_op, True
+
+      with tf.compat.v1.Graph().as_default(), tf.name_scope("train"):
+        var = tf.compat.v1.Variable([1.0, 2.0], name="var", use_resource=True)
+        opt = cls(tf.compat.v1.train.AdamOptimizer(0.1), AlwaysApply(8.0))
+        opt.minimize(tf.reduce_sum(var))
+        return sorted(v.op.name for v in tf.compat.v1.global_variables())
+
+    print(json.dumps([
+        names(tf_lossscale.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer,
+              tf_lossscale.loss_scale),
+        names(tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer,
+              tf.compat.v1.mixed_precision),
+    ]))
+""")
+
+
+@pytest.mark.parametrize("control_flow", ["tf1", "tf2"])
+def test_variable_names_with_a_python_verdict_of_a_subclass_are_tf_s(control_flow):
+  env = helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3")
+  result = subprocess.run(
+    [sys.executable, "-c", STATIC_VERDICT_NAMES, control_flow],
+    capture_output=True,
+    text=True,
+    env=env,
+    check=False,
+  )
+  assert result.returncode == 0, result.stderr[-4000:]
+  ours, tfs = json.loads(result.stdout.strip().splitlines()[-1])
+  assert {"train/beta1_power", "train/beta2_power", "train/var/Adam"} <= set(tfs)
+  assert ours == tfs
+
+
 def test_tf1_program_with_v2_behavior_disabled_matches_tf_class():
   env = helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3")
   result = subprocess.run(
@@ -735,6 +817,27 @@ def test_variables_lists_only_the_current_graph():
     ]
   with tf.compat.v1.Graph().as_default():
     assert opt.variables() == []
+
+
+@pytest.mark.parametrize("loss_scale", ["dynamic", 128])
+@pytest.mark.parametrize("name", [None, "my_train"])
+def test_graph_train_op_is_named_as_by_tf_class(name, loss_scale):
+  """The returned op takes the name given to `apply_gradients`, else the
+  optimizer's, as with TF's class: not `<name>_1`, after the wrapped
+  optimizer's apply (TF's class named that one `<name>-wrapped`)."""
+  names = []
+  for cls in (Ours, TFs):
+    with tf.compat.v1.Graph().as_default():
+      var = tf.compat.v1.Variable(INITIAL_VAR, use_resource=True)
+      global_step = tf.compat.v1.train.get_or_create_global_step()
+      opt = cls(momentum(), loss_scale)
+      loss = tf.reduce_sum(var * COEFFS)
+      if name is None:
+        train_op = opt.minimize(loss, global_step)
+      else:
+        train_op = opt.apply_gradients(opt.compute_gradients(loss), global_step, name=name)
+      names.append(train_op.name)
+  assert names == [name or "Momentum"] * 2
 
 
 @pytest.mark.parametrize("cls", [Ours, TFs], ids=["ours", "tf"])

@@ -354,6 +354,14 @@ def test_get_scaled_loss_callable(family):
   assert callable(scaled) and float(scaled()) == 12.0
 
 
+def test_get_scaled_loss_of_a_float64_callable_is_computed_in_float64(family):
+  opt = mixed_precision.LossScaleOptimizer(make_inner(family), dynamic=False, initial_scale=3)
+  loss = tf.constant(1.0 / 3.0 + 1e-12, tf.float64)  # float32 would round it
+  scaled = opt.get_scaled_loss(lambda: loss)()
+  assert scaled.dtype == tf.float64
+  assert scaled.numpy() == opt.get_scaled_loss(loss).numpy() == np.float64(1.0 / 3.0 + 1e-12) * 3
+
+
 def test_sparse_gradient_applied(family, strategy):
   with strategy.scope():
     var = tf.Variable([[1.0], [2.0], [3.0]])
@@ -686,6 +694,21 @@ def test_a_step_abandoned_after_scale_loss_leaves_tf24_steps_unscaled_once(famil
     scaled = opt.scale_loss(var * 3.0)
   opt.apply_gradients(zip(opt.get_unscaled_gradients(tape.gradient(scaled, [var])), [var]))
   assert float(var.numpy()) == 1.0 - 2 * 3.0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_get_scaled_loss_drops_a_pending_scale_loss_mark(family):
+  """A `scale_loss` left pending, then a TF 2.4-style step that unscales by
+  hand: the gradient is applied as given, not divided by the scale again."""
+  opt = mixed_precision.LossScaleOptimizer(
+    make_inner(family, learning_rate=1.0), dynamic=False, initial_scale=4
+  )
+  var = tf.Variable(1.0)
+  opt.scale_loss(tf.constant(0.0))
+  with tf.GradientTape() as tape:
+    scaled = opt.get_scaled_loss(var * 3.0)
+  opt.apply_gradients([(tape.gradient(scaled, var) / opt.loss_scale, var)])
+  assert float(var.numpy()) == 1.0 - 3.0
 
 
 class _Logged(logging.Handler):

@@ -598,3 +598,42 @@ def test_saver_checkpoints_of_graphs_cross_with_tf24_names(control_flow):
   assert {apply_scope + "Adam/iter", apply_scope + "Adam/var/m"} <= keras_names
   if control_flow == "tf2":
     assert "train/m/var" in runs["keras_new name_scope theirs->ours"][0]
+
+
+_FIXED_SCALE_NAMES_PROGRAM = """
+import json, sys
+import tensorflow as tf
+if sys.argv[1] == "tf1":
+  tf.compat.v1.disable_v2_behavior()
+import tf_keras
+import tf_lossscale
+
+names = []
+for cls in (
+  tf_lossscale.keras.mixed_precision.LossScaleOptimizer,
+  tf_keras.mixed_precision.LossScaleOptimizer,
+):
+  with tf.Graph().as_default():
+    var = tf.compat.v1.Variable([1.0, 2.0], name="var", use_resource=True)
+    opt = cls(tf_keras.optimizers.legacy.Adam(0.1), dynamic=False, initial_scale=8)
+    opt.apply_gradients([(tf.constant([1.0, 1.0]), var)])
+    names.append(sorted(v.op.name for v in tf.compat.v1.global_variables()))
+print(json.dumps(names))
+"""
+
+
+@pytest.mark.parametrize("control_flow", ["tf1", "tf2"])
+def test_saver_names_under_a_fixed_scale_are_tf24s_plain_names(control_flow):
+  """A fixed scale always applies: TF 2.4 applied outside any conditional, so
+  an OptimizerV2's variables take no `cond_1/` scope, with either control flow."""
+  result = subprocess.run(
+    [sys.executable, "-c", _FIXED_SCALE_NAMES_PROGRAM, control_flow],
+    capture_output=True,
+    text=True,
+    env=helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3"),
+    check=False,
+  )
+  assert result.returncode == 0, result.stderr[-4000:]
+  ours, theirs = json.loads(result.stdout.strip().splitlines()[-1])
+  assert {"Adam/iter", "Adam/var/m", "Adam/var/v"} <= set(theirs)
+  assert ours == theirs
