@@ -664,6 +664,11 @@ CASES = {
     "import tensorflow as tf\nimport tensorflow.python.keras.mixed_precision.experimental.policy\n",
     "import tensorflow as tf\n",
   ),
+  "a dotted import of a private module the tool does not know, under one gone": (
+    "import tensorflow.python.keras.mixed_precision.experimental.autocast_variable\n"
+    "v = tensorflow.python.keras.mixed_precision.experimental.autocast_variable.f(w)\n",
+    None,
+  ),
   "a private module gone from TF kept by a use": (
     "from tensorflow.python.keras.mixed_precision.experimental import policy\n"
     "x = policy._policy_equivalent_to_dtype\n",
@@ -937,6 +942,23 @@ def test_resolution(case):
   expected = source if expected is None else expected
   assert upgrade_source(source).code == expected
   assert upgrade_source(expected).code == expected
+
+
+@pytest.mark.parametrize(
+  "code",
+  [
+    "import tensorflow.python.keras.mixed_precision.experimental.autocast_variable\n",
+    "import tensorflow.python.keras.mixed_precision.autocast_variable\n",
+    "from tensorflow.python.keras.mixed_precision import autocast_variable\n",
+  ],
+)
+def test_a_private_module_the_tool_does_not_know_is_reported_and_kept(code):
+  # Dotted or not: `import tensorflow` in its place hid the import error of a module
+  # gone from TF behind an AttributeError at its first use, unreported.
+  result = upgrade_source(code + "x = tensorflow.constant(1)\n")
+  assert result.code == code + "x = tensorflow.constant(1)\n"
+  assert [(f.line, f.kind) for f in result.findings] == [(1, "not rewritten")]
+  assert "port this use by hand" in result.findings[0].reason
 
 
 # A policy's loss scale, which Keras 3's compile ignores: {case: (code, [(line, old)])}

@@ -228,6 +228,7 @@ class _Planner:
     self._spelled_out = set()  # Access objects whose use became tf_lossscale.<name>
     self._spelled_through = {}  # spelled-out node -> the import statements its name may come from
     self._private_imports = []  # (binding, uses) of TF's private or gone modules
+    self._kept_imports = set()  # import aliases reported as not rewritten: left as written
 
   def changes(self):
     return bool(self.expressions or self.aliases or self.dropped_aliases)
@@ -328,9 +329,12 @@ class _Planner:
     if target in _names.NAMES or target in _names.MODULES:
       return binding
     parent = target.rsplit(".", 1)[0]
-    if parent in _names.CLAIMED and not binding.dotted:
-      # e.g. `from tensorflow.python.keras.mixed_precision import autocast_variable`
+    if parent in _names.CLAIMED and (not binding.dotted or target == _dotted(binding.alias.name)):
+      # e.g. `from tensorflow.python.keras.mixed_precision import autocast_variable`, or
+      # `import tensorflow.python.keras.mixed_precision.autocast_variable` (whose
+      # shorter bindings, `tensorflow.python.keras...`, are then left as they are).
       self._report(binding.alias, NOT_REWRITTEN, target, reason=_no_equivalent(target))
+      self._kept_imports.add(binding.alias)
     return None
 
   def _find_prefix(self):
@@ -641,6 +645,8 @@ class _Planner:
   def _plan_private_import(self, binding, uses):
     """Deletes an import of TF's private (or gone) module once nothing needs it."""
     if binding.alias in self.aliases or binding.alias in self.dropped_aliases:
+      return
+    if binding.alias in self._kept_imports:
       return
     left = [use for use in uses if use.access not in self._spelled_out]
     # An import nothing used is only removed when it would fail (a module gone from TF).
