@@ -947,18 +947,31 @@ def test_resolution(case):
 @pytest.mark.parametrize(
   "code",
   [
-    "import tensorflow.python.keras.mixed_precision.experimental.autocast_variable\n",
-    "import tensorflow.python.keras.mixed_precision.autocast_variable\n",
+    "import tensorflow.python.keras.mixed_precision.experimental.autocast_variable\n"
+    "v = tensorflow.python.keras.mixed_precision.experimental.autocast_variable.f(w)\n",
+    "import tensorflow.python.keras.mixed_precision.autocast_variable\n"
+    "v = tensorflow.python.keras.mixed_precision.autocast_variable.f(w)\n",
     "from tensorflow.python.keras.mixed_precision import autocast_variable\n",
   ],
 )
 def test_a_private_module_the_tool_does_not_know_is_reported_and_kept(code):
   # Dotted or not: `import tensorflow` in its place hid the import error of a module
-  # gone from TF behind an AttributeError at its first use, unreported.
-  result = upgrade_source(code + "x = tensorflow.constant(1)\n")
-  assert result.code == code + "x = tensorflow.constant(1)\n"
+  # gone from TF behind an AttributeError at its use, unreported.
+  result = upgrade_source(code)
+  assert result.code == code
   assert [(f.line, f.kind) for f in result.findings] == [(1, "not rewritten")]
   assert "port this use by hand" in result.findings[0].reason
+
+
+def test_an_unused_dotted_import_of_an_unknown_module_under_a_gone_one_goes():
+  # Nothing to port: the import of the gone package would only fail.
+  code = (
+    "import tensorflow.python.keras.mixed_precision.experimental.autocast_variable\n"
+    "x = tensorflow.constant(1)\n"
+  )
+  result = upgrade_source(code)
+  assert result.code == "import tensorflow\nx = tensorflow.constant(1)\n"
+  assert [f.kind for f in result.findings] == ["rewrite"]
 
 
 # A policy's loss scale, which Keras 3's compile ignores: {case: (code, [(line, old)])}

@@ -329,10 +329,14 @@ class _Planner:
     if target in _names.NAMES or target in _names.MODULES:
       return binding
     parent = target.rsplit(".", 1)[0]
-    if parent in _names.CLAIMED and (not binding.dotted or target == _dotted(binding.alias.name)):
-      # e.g. `from tensorflow.python.keras.mixed_precision import autocast_variable`, or
-      # `import tensorflow.python.keras.mixed_precision.autocast_variable` (whose
-      # shorter bindings, `tensorflow.python.keras...`, are then left as they are).
+    if parent not in _names.CLAIMED:
+      return None
+    if not binding.dotted:
+      # e.g. `from tensorflow.python.keras.mixed_precision import autocast_variable`
+      self._report(binding.alias, NOT_REWRITTEN, target, reason=_no_equivalent(target))
+    elif target == _dotted(binding.alias.name) and binding.assignment.references:
+      # `import tensorflow.python.keras.mixed_precision.autocast_variable`, used as
+      # such: its shorter bindings (`tensorflow.python.keras...`) are left as they are.
       self._report(binding.alias, NOT_REWRITTEN, target, reason=_no_equivalent(target))
       self._kept_imports.add(binding.alias)
     return None
