@@ -270,10 +270,13 @@ class OneCall:
   of gradients. This keeps one concrete function per signature and calls it
   with the flat list of tensors. The signature is the dtypes, and the shapes
   too with `static_shapes` (for functions that are faster when they know
-  them); otherwise the function is traced for tensors of any shape. Each is
-  traced by a `tf.function` of its own, and the least recently used goes
-  beyond `_MAX_SIGNATURES` (a sweep over many model shapes in one process
-  kept them all).
+  them); otherwise the function is traced for tensors of any shape.
+
+  Each is traced by a `tf.function` of its own, and beyond `_MAX_SIGNATURES`
+  the least recently used is dropped (a sweep over many model shapes in one
+  process kept them all). A signature dropped that comes back runs op by op:
+  a cycle of more signatures than are kept (more models than that trained in
+  turn) would otherwise trace on every call, 20-30x slower.
   """
 
   _MAX_SIGNATURES = 64
@@ -282,14 +285,19 @@ class OneCall:
     self._fn = fn
     self._static_shapes = static_shapes
     self._concrete = collections.OrderedDict()
+    self._dropped = collections.OrderedDict()  # an ordered set, of bounded size
 
   def __call__(self, tensors, *extra):
     static = self._static_shapes
     signature = tuple((t.dtype, tuple(t.shape) if static else None) for t in (*tensors, *extra))
     concrete = self._concrete.get(signature)
     if concrete is None:
+      if signature in self._dropped:
+        return self._fn(list(tensors), *extra)
       if len(self._concrete) >= self._MAX_SIGNATURES:
-        self._concrete.popitem(last=False)
+        self._dropped[self._concrete.popitem(last=False)[0]] = None
+        if len(self._dropped) > 16 * self._MAX_SIGNATURES:
+          self._dropped.popitem(last=False)
       specs = [tf.TensorSpec(shape, dtype) for dtype, shape in signature]
       function = tf.function(self._fn, autograph=False)
       concrete = function.get_concrete_function(specs[: len(tensors)], *specs[len(tensors) :])

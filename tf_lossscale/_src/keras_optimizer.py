@@ -309,8 +309,8 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
   l2_regularization_strength, beta, decay; a tf_keras OptimizerV2: its
   `_hyper` names), when the inner optimizer has them. `dir()` lists them.
 
-  Config comparison: Keras 3 names default optimizers uniquely (`sgd`,
-  `sgd_1`, ...), so the configs of two freshly built wrappers differ in the
+  Config comparison: Keras 3.15 and later name default optimizers uniquely
+  (`sgd`, `sgd_1`, ...), so the configs of two freshly built wrappers differ in the
   inner optimizer's name. `comparable_config()` is `get_config()` without such
   an automatic inner name; compare those to check that two optimizers are
   configured alike.
@@ -1066,7 +1066,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     have different configs. This config drops the inner `name` when it is
     such an automatic name (or, before Keras 3.15, the class's default name),
     so equal configurations compare equal on every Keras. Names you chose are
-    kept.
+    kept, unless they have that automatic form (`sgd_7`).
 
     Returns:
       A dict, `get_config()` possibly without `inner_optimizer.config.name`.
