@@ -55,6 +55,20 @@ def subprocess_env(**extra):
   return dict(os.environ, PYTHONPATH=path, **extra)
 
 
+def program_output(program, *args):
+  """Runs `program` (Python source) with `args` in a fresh Python with this
+  checkout first on its path, and returns its last line of output, as JSON."""
+  result = subprocess.run(
+    [sys.executable, "-c", program, *args],
+    capture_output=True,
+    text=True,
+    env=subprocess_env(TF_CPP_MIN_LOG_LEVEL="3"),
+    check=False,
+  )
+  assert result.returncode == 0, result.stderr[-4000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def run_script(folder, source, data):
   """Runs `source` as `folder`/runner.py, in `folder`, in a fresh Python with this
   checkout first on its path, its one argument a file holding `data` as JSON."""

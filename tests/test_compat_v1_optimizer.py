@@ -7,10 +7,7 @@ same data (under the default strategy and under MirroredStrategy).
 """
 
 import contextlib
-import json
 import re
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -377,22 +374,12 @@ def test_a_custom_loss_scale_whose_update_returns_no_op(mode):
   assert (int(global_step), float(scale)) == (1, 4.0)
 
 
-class CountedApplies(ls_module.LossScale):
+class CountedApplies(EveryOtherStep):
   """A user loss scale that always applies: its verdict needs none of its op."""
-
-  def __init__(self):
-    super().__init__()
-    self.updates = self._add_weight("updates", 0, tf.int64)
-
-  def __call__(self):
-    return tf.constant(4.0)
 
   def update(self, grads):
     del grads
     return self.updates.assign_add(1), True
-
-  def get_config(self):
-    return {}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -685,12 +672,7 @@ TF1_SUBCLASS_NAMES = textwrap.dedent("""
 
 
 def test_tf1_variable_names_with_a_loss_scale_s_own_update_are_tf_s():
-  env = helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3")
-  result = subprocess.run(
-    [sys.executable, "-c", TF1_SUBCLASS_NAMES], capture_output=True, text=True, env=env, check=False
-  )
-  assert result.returncode == 0, result.stderr[-4000:]
-  ours, tfs = json.loads(result.stdout.strip().splitlines()[-1])
+  ours, tfs = helpers.program_output(TF1_SUBCLASS_NAMES)
   prefixes = [{n.partition("/")[0] for n in names if "beta1_power" in n} for names in tfs]
   assert prefixes == [{"cond_1"}, {"cond_1"}, {"cond"}, {"beta1_power"}]
   assert ours == tfs
@@ -729,27 +711,13 @@ STATIC_VERDICT_NAMES = textwrap.dedent("""
 
 @pytest.mark.parametrize("control_flow", ["tf1", "tf2"])
 def test_variable_names_with_a_python_verdict_of_a_subclass_are_tf_s(control_flow):
-  env = helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3")
-  result = subprocess.run(
-    [sys.executable, "-c", STATIC_VERDICT_NAMES, control_flow],
-    capture_output=True,
-    text=True,
-    env=env,
-    check=False,
-  )
-  assert result.returncode == 0, result.stderr[-4000:]
-  ours, tfs = json.loads(result.stdout.strip().splitlines()[-1])
+  ours, tfs = helpers.program_output(STATIC_VERDICT_NAMES, control_flow)
   assert {"train/beta1_power", "train/beta2_power", "train/var/Adam"} <= set(tfs)
   assert ours == tfs
 
 
 def test_tf1_program_with_v2_behavior_disabled_matches_tf_class():
-  env = helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3")
-  result = subprocess.run(
-    [sys.executable, "-c", TF1_PROGRAM], capture_output=True, text=True, env=env, check=False
-  )
-  assert result.returncode == 0, result.stderr[-4000:]
-  runs = json.loads(result.stdout.strip().splitlines()[-1])
+  runs = helpers.program_output(TF1_PROGRAM)
   assert runs["ours"] == runs["tf"]
   variable_type, history = runs["ours"]
   assert variable_type == "RefVariable"

@@ -10,8 +10,6 @@ import contextlib
 import copy
 import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -288,16 +286,7 @@ print(json.dumps(runs))
 
 def _from_config_in_fresh_process(tf_keras_state):
   """Each of OLD_CONFIGS rebuilt and trained in a new process; tf_keras `absent` or not imported."""
-  env = helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3")
-  result = subprocess.run(
-    [sys.executable, "-c", _FROM_CONFIG_SCRIPT, json.dumps(OLD_CONFIGS), tf_keras_state],
-    capture_output=True,
-    text=True,
-    env=env,
-    check=False,
-  )
-  assert result.returncode == 0, result.stderr[-4000:]
-  return json.loads(result.stdout.strip().splitlines()[-1])
+  return helpers.program_output(_FROM_CONFIG_SCRIPT, json.dumps(OLD_CONFIGS), tf_keras_state)
 
 
 def _optimizer_v2_variables(config_name):
@@ -579,15 +568,7 @@ def test_saver_checkpoints_of_graphs_cross_with_tf24_names(control_flow):
   scope: checkpoints of TF's compat.v1 class and tf_keras's wrapper restore
   into ours and back, 2 steps and a skipped one in. tf_keras's new optimizers
   are built before the conditional, by tf_keras's wrapper as by ours."""
-  result = subprocess.run(
-    [sys.executable, "-c", _SAVER_PROGRAM, control_flow],
-    capture_output=True,
-    text=True,
-    env=helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3"),
-    check=False,
-  )
-  assert result.returncode == 0, result.stderr[-4000:]
-  runs = json.loads(result.stdout.strip().splitlines()[-1])
+  runs = helpers.program_output(_SAVER_PROGRAM, control_flow)
   assert len(runs) == (12 if control_flow == "tf1" else 18)
   for case, (written, restored) in runs.items():
     assert written == restored, case
@@ -626,14 +607,6 @@ print(json.dumps(names))
 def test_saver_names_under_a_fixed_scale_are_tf24s_plain_names(control_flow):
   """A fixed scale always applies: TF 2.4 applied outside any conditional, so
   an OptimizerV2's variables take no `cond_1/` scope, with either control flow."""
-  result = subprocess.run(
-    [sys.executable, "-c", _FIXED_SCALE_NAMES_PROGRAM, control_flow],
-    capture_output=True,
-    text=True,
-    env=helpers.subprocess_env(TF_CPP_MIN_LOG_LEVEL="3"),
-    check=False,
-  )
-  assert result.returncode == 0, result.stderr[-4000:]
-  ours, theirs = json.loads(result.stdout.strip().splitlines()[-1])
+  ours, theirs = helpers.program_output(_FIXED_SCALE_NAMES_PROGRAM, control_flow)
   assert {"Adam/iter", "Adam/var/m", "Adam/var/v"} <= set(theirs)
   assert ours == theirs
