@@ -963,15 +963,60 @@ def test_a_private_module_the_tool_does_not_know_is_reported_and_kept(code):
   assert "port this use by hand" in result.findings[0].reason
 
 
-def test_an_unused_dotted_import_of_an_unknown_module_under_a_gone_one_goes():
+_GONE = "tensorflow.python.keras.mixed_precision.experimental"
+
+
+def _upgrade_both_ways(monkeypatch, code):
+  """`upgrade_source(code)`, asserted the same with libcst's ScopeProvider's bindings."""
+  from tf_lossscale_upgrade import _rewrite
+
+  fast = upgrade_source(code)
+  with monkeypatch.context() as patch:
+    patch.setattr(_rewrite, "_FAST_BINDINGS", False)
+    assert upgrade_source(code) == fast
+  return fast
+
+
+@pytest.mark.parametrize(
+  "imported, expected",
+  [
+    ("autocast_variable", "import tensorflow\n"),
+    ("autocast_variable, os", "import tensorflow, os\n"),
+    # One `tensorflow` for the two, the unknown module after a known one too.
+    ("autocast_variable, {gone}.loss_scale_optimizer", "import tensorflow\n"),
+    ("loss_scale_optimizer, {gone}.autocast_variable", "import tensorflow\n"),
+    ("autocast_variable, tensorflow.keras", "import tensorflow.keras\n"),
+  ],
+)
+def test_an_unused_dotted_import_of_an_unknown_module_under_a_gone_one_goes(
+  monkeypatch, imported, expected
+):
   # Nothing to port: the import of the gone package would only fail.
+  code = f"import {_GONE}.{imported.format(gone=_GONE)}\nx = tensorflow.constant(1)\n"
+  result = _upgrade_both_ways(monkeypatch, code)
+  assert result.code == expected + "x = tensorflow.constant(1)\n"
+  assert {f.kind for f in result.findings} == {"rewrite"}
+  assert upgrade_source(result.code).code == result.code
+
+
+def test_an_unused_unknown_module_under_a_gone_one_goes_beside_a_used_one(monkeypatch):
   code = (
-    "import tensorflow.python.keras.mixed_precision.experimental.autocast_variable\n"
-    "x = tensorflow.constant(1)\n"
+    f"import {_GONE}.autocast_variable, {_GONE}.loss_scale_optimizer\n"
+    f"x = {_GONE}.loss_scale_optimizer.LossScaleOptimizer(o, 8)\n"
+    f"import {_GONE}.autocast_variable, {_GONE}.unknown_module\n"
+    f"y = {_GONE}.unknown_module.f()\n"
   )
-  result = upgrade_source(code)
-  assert result.code == "import tensorflow\nx = tensorflow.constant(1)\n"
-  assert [f.kind for f in result.findings] == ["rewrite"]
+  result = _upgrade_both_ways(monkeypatch, code)
+  assert result.code == (
+    "import tf_lossscale\n"
+    "x = tf_lossscale.keras.mixed_precision.experimental.LossScaleOptimizer(o, 8)\n"
+    f"import {_GONE}.unknown_module\n"
+    f"y = {_GONE}.unknown_module.f()\n"
+  )
+  kept = [f for f in result.findings if f.kind != "rewrite"]
+  assert [(f.line, f.kind, f.old) for f in kept] == [
+    (3, "not rewritten", f"{_GONE}.unknown_module")
+  ]
 
 
 # A policy's loss scale, which Keras 3's compile ignores: {case: (code, [(line, old)])}

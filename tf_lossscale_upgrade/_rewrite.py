@@ -229,6 +229,7 @@ class _Planner:
     self._spelled_through = {}  # spelled-out node -> the import statements its name may come from
     self._private_imports = []  # (binding, uses) of TF's private or gone modules
     self._kept_imports = set()  # import aliases reported as not rewritten: left as written
+    self._root_imports = {}  # alias -> binding of `import a.b.gone` to become `import a`
 
   def changes(self):
     return bool(self.expressions or self.aliases or self.dropped_aliases)
@@ -290,6 +291,7 @@ class _Planner:
       self._plan_binding(binding)
     for binding, uses in self._private_imports:
       self._plan_private_import(binding, uses)
+    self._plan_root_imports()
     self._plan_star_imports()
     self.findings.sort(key=lambda f: (f.line, f.column))
 
@@ -339,6 +341,8 @@ class _Planner:
       # such: its shorter bindings (`tensorflow.python.keras...`) are left as they are.
       self._report(binding.alias, NOT_REWRITTEN, target, reason=_no_equivalent(target))
       self._kept_imports.add(binding.alias)
+    elif target == _dotted(binding.alias.name) and _names.is_gone(target):
+      return binding  # unused, and its import would fail: planned as a gone module's
     return None
 
   def _find_prefix(self):
@@ -659,8 +663,9 @@ class _Planner:
       self.dropped_aliases.add(binding.alias)
       self._report(binding.alias, REWRITE, binding.target, new="(import removed: unused now)")
     elif not left and binding.dotted and _names.is_gone(binding.target):
-      # `import a.b.gone` whose `a` other uses read: `import a` (the rest are attributes).
-      self._rewrite_alias(binding, binding.target.split(".")[0])
+      # `import a.b.gone` whose `a` other uses read: `import a` (the rest are attributes),
+      # decided once every alias is (see `_plan_root_imports`).
+      self._root_imports.setdefault(binding.alias, binding)
     elif _names.is_gone(binding.target):
       self._report(
         binding.alias,
@@ -668,6 +673,22 @@ class _Planner:
         binding.target,
         reason="today's TensorFlow has no such module, and the uses reported here keep it",
       )
+
+  def _plan_root_imports(self):
+    """`import a.b.gone` becomes `import a`, or goes where another alias of its
+    statement binds `a` (`import a.gone.x, a.gone.y` is `import a`, not `import a, a`)."""
+    for alias, binding in self._root_imports.items():
+      root = binding.target.split(".")[0]
+      for other in self.parents[alias].names:
+        if other is alias or other.asname is not None or other in self.dropped_aliases:
+          continue
+        name = self.aliases.get(other) or _dotted(other.name)
+        if (name + ".").startswith(root + "."):
+          self.dropped_aliases.add(alias)
+          self._report(alias, REWRITE, binding.target, new="(import removed: unused now)")
+          break
+      else:
+        self._rewrite_alias(binding, root)
 
   def _only_user(self, binding):
     """Whether `import a.b.c` (of `binding`) can go: nothing else needs `a`, `a.b`."""
