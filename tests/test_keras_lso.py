@@ -671,6 +671,57 @@ def test_scale_loss_marks_only_the_next_apply_and_fit_leaves_no_mark():
   assert float(var.numpy()) == 1.0 - 2 * 3.0
 
 
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scale_loss_and_apply_in_two_runs_of_a_strategy_pair_up(strategy, family, in_function):
+  """Gradients computed in one `strategy.run` and applied in the next (a
+  replica's threads are new in each): each replica's mark is its own, and
+  both steps were 1024x (Keras 3's wrapper: -0.1 per replica)."""
+  if family == "keras3":
+    helpers.need_plain_keras3_all_reduce(strategy)
+  with strategy.scope():
+    var = keras.Variable(0.0) if family == "keras3" else tf.Variable(0.0)
+    opt = mixed_precision.LossScaleOptimizer(
+      make_inner(family, learning_rate=0.1), initial_scale=1024
+    )
+
+  def grads():
+    with tf.GradientTape() as tape:
+      loss = opt.scale_loss(var * 1.0)
+    return tape.gradient(loss, var)
+
+  def step():
+    grad = strategy.run(grads)
+    strategy.run(lambda grad: opt.apply_gradients([(grad, var)]), args=(grad,))
+
+  (tf.function(step) if in_function else step)()
+  replicas = strategy.num_replicas_in_sync
+  for value in locals_of(strategy, var):
+    np.testing.assert_allclose(value, -0.1 * replicas, rtol=1e-6)
+  assert count(opt.iterations) == 1 and float(opt.loss_scale) == 1024
+
+
+def test_a_scale_loss_mark_is_its_thread_s():
+  """Outside a strategy the marks are per thread: a `scale_loss` pending in
+  one thread leaves another thread's TF 2.4-style step as it is."""
+  import threading
+
+  opt = mixed_precision.LossScaleOptimizer(
+    keras.optimizers.SGD(1.0), dynamic=False, initial_scale=4
+  )
+  var = keras.Variable(1.0)
+  opt.build([var])
+  scaled = threading.Event()
+  threading.Thread(target=lambda: (opt.scale_loss(tf.constant(1.0)), scaled.set())).start()
+  assert scaled.wait(60)
+  opt.apply_gradients([(tf.constant(3.0), var)])  # given unscaled: applied as given
+  assert float(var.numpy()) == 1.0 - 3.0
+  with tf.GradientTape() as tape:
+    loss = opt.scale_loss(var * 3.0)
+  opt.apply_gradients([(tape.gradient(loss, var), var)])  # this thread's mark: unscaled
+  assert float(var.numpy()) == 1.0 - 2 * 3.0
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_step_abandoned_after_scale_loss_leaves_tf24_steps_unscaled_once(family):
   """`scale_loss`, then an `apply_gradients` that raises (no gradient): the

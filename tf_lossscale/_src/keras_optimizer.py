@@ -80,19 +80,31 @@ class _BaseOptimizerPlaceholder(framework_internals.Trackable):
 
 
 # The `scale_loss` calls (Keras 3's protocol) no `apply_gradients` has taken
-# yet, per thread (tf.distribute runs each replica of a MirroredStrategy in a
-# thread of its own): {optimizer: {graph: count}}, held weakly, so that a mark
-# goes with its optimizer or its function's graph.
+# yet: {optimizer: {graph: count}}, held weakly, so that a mark goes with its
+# optimizer or its function's graph; one table per thread, and one per replica
+# of a tf.distribute strategy (MirroredStrategy runs each `strategy.run` in new
+# threads, one a replica: `scale_loss` and `apply_gradients` in two runs are
+# one replica's all the same).
 _SCALED_LOSS_MARKS = threading.local()
+_REPLICA_MARKS = weakref.WeakKeyDictionary()  # {strategy: {replica id: table}}
 
 
 def _marks(optimizer):
-  """`optimizer`'s marks in this thread: {graph: count}."""
-  if not hasattr(_SCALED_LOSS_MARKS, "value"):
-    _SCALED_LOSS_MARKS.value = weakref.WeakKeyDictionary()
-  marks = _SCALED_LOSS_MARKS.value.get(optimizer)
+  """`optimizer`'s marks in this replica or thread: {graph: count}."""
+  table = None
+  if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+    context = tf.distribute.get_replica_context()
+    replica = tf.get_static_value(context.replica_id_in_sync_group)
+    if replica is not None:  # else (a TPU's) the thread's table
+      replicas = _REPLICA_MARKS.setdefault(context.strategy, {})
+      table = replicas.setdefault(int(replica), weakref.WeakKeyDictionary())
+  if table is None:
+    if not hasattr(_SCALED_LOSS_MARKS, "value"):
+      _SCALED_LOSS_MARKS.value = weakref.WeakKeyDictionary()
+    table = _SCALED_LOSS_MARKS.value
+  marks = table.get(optimizer)
   if marks is None:  # Made once: this runs in every eager step.
-    marks = _SCALED_LOSS_MARKS.value[optimizer] = weakref.WeakKeyDictionary()
+    marks = table[optimizer] = weakref.WeakKeyDictionary()
   return marks
 
 
@@ -686,7 +698,8 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
     Keras 3's `Model.fit` calls it and then passes the gradients of the
     scaled loss to `apply_gradients`. The next `apply_gradients` of this
-    thread in the same graph (or in a conditional or loop of the same
+    thread (under a tf.distribute strategy: of this replica, in any
+    `strategy.run`) in the same graph (or in a conditional or loop of the same
     function) therefore unscales the gradients before anything else; each
     `scale_loss` call is paired with one `apply_gradients`, which takes it
     even if it then fails. `get_scaled_loss` and `get_unscaled_gradients`
