@@ -1158,9 +1158,112 @@ def test_a_global_policy_whose_compile_wraps_keras3_optimizer_is_a_check(case):
   reported = [
     (f.line, f.kind, f.old, f.reason)
     for f in upgrade_source(source).findings
-    if f.kind != "rewrite"
+    if f.kind != "rewrite" and f.reason != TYPE_TEST_REASON
   ]
   assert reported == [(line, "check", old, COMPILE_WRAPS_REASON) for line, old in expected]
+
+
+@pytest.mark.parametrize("value, noted", [("1", True), ("True", True), ("0", False), (None, False)])
+def test_a_run_with_legacy_keras_set_says_that_tf_keras_needs_no_rewrite(
+  monkeypatch, tmp_path, value, noted
+):
+  """TF_USE_LEGACY_KERAS makes `tf.keras` tf_keras, which has TF 2.4's API:
+  rewritten to tf_lossscale's Keras 3 policies, mixed precision went silently off."""
+  if value is None:
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+  else:
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", value)
+  path = tmp_path / "train.py"
+  path.write_text(
+    "from tensorflow.keras import mixed_precision\n"
+    "mixed_precision.set_global_policy('mixed_float16')\n"
+    "opt = mixed_precision.LossScaleOptimizer(opt)\n"
+  )
+  unchanged = tmp_path / "other.py"
+  unchanged.write_text("import tensorflow as tf\n")
+  assert ("TF_USE_LEGACY_KERAS is set here" in _tool(str(path)).stderr) == noted
+  assert "TF_USE_LEGACY_KERAS" not in _tool(str(unchanged)).stderr
+  assert "TF_USE_LEGACY_KERAS" not in _tool("--quiet", str(path)).stderr
+
+
+TYPE_TEST_REASON = (
+  "under 'mixed_float16' Keras 3's `Model.compile` wraps a plain optimizer in Keras 3's own "
+  "LossScaleOptimizer, not in this class (TF 2.4's wrapped it in this one): for an optimizer "
+  "from such a `compile` this test is now False, and a loss it guards goes unscaled while "
+  "Keras 3's wrapper still divides the gradients by its scale; pass "
+  "`LossScaleOptimizer(optimizer)` from tf_lossscale.keras.mixed_precision to `compile`"
+)
+
+
+def test_a_type_test_of_the_keras_optimizer_is_a_check(monkeypatch):
+  """`isinstance(self.optimizer, LossScaleOptimizer)` in a file that neither sets a
+  policy nor compiles (a model module of a project): `compile` elsewhere now gives
+  Keras 3's wrapper, and the test is silently False."""
+  source = (
+    "import tensorflow as tf\n"
+    "from tensorflow.keras import mixed_precision as mp\n"
+    "class Model(tf.keras.Model):\n"
+    "  def train_step(self, data):\n"
+    "    if isinstance(self.optimizer, tf.keras.mixed_precision.LossScaleOptimizer):\n"
+    "      loss = self.optimizer.get_scaled_loss(loss)\n"
+    "    ok = isinstance(o, (int, mp.experimental.LossScaleOptimizer)) or issubclass(c, "
+    "mp.LossScaleOptimizer)\n"
+    "    opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)  # not a type test\n"
+    "    isinstance(tf.keras.mixed_precision.LossScaleOptimizer, type)  # nor this\n"
+  )
+  checks = [
+    (f.line, f.column, f.old)
+    for f in _upgrade_both_ways(monkeypatch, source).findings
+    if f.kind == "check" and f.reason == TYPE_TEST_REASON
+  ]
+  assert checks == [
+    (5, 35, "tf.keras.mixed_precision.LossScaleOptimizer"),
+    (7, 30, "mp.experimental.LossScaleOptimizer"),
+    (7, 84, "mp.LossScaleOptimizer"),
+  ]
+
+
+UNSCALED_TRAIN_STEP = (
+  "class Model(tf.keras.Model):\n"
+  "  def train_step(self, data):\n"
+  "    with tf.GradientTape() as tape:\n"
+  "      loss = self.compiled_loss(y, self(x, training=True))\n"
+  "    grads = tape.gradient(loss, self.trainable_variables)\n"
+  "    self.optimizer.apply_gradients(zip(grads, self.trainable_variables))\n"
+)
+
+
+@pytest.mark.parametrize(
+  "train_step, policy, checked",
+  [
+    (UNSCALED_TRAIN_STEP, "'mixed_float16'", True),
+    (UNSCALED_TRAIN_STEP, "'mixed_bfloat16'", False),  # no loss scale under bfloat16
+    (
+      UNSCALED_TRAIN_STEP.replace(
+        "self.compiled_loss(y, self(x, training=True))",
+        "self.optimizer.scale_loss(self.compiled_loss(y, self(x)))",
+      ),
+      "'mixed_float16'",
+      False,
+    ),
+    (UNSCALED_TRAIN_STEP.replace("apply_gradients(", "minimize_it("), "'mixed_float16'", False),
+    (UNSCALED_TRAIN_STEP.replace("train_step", "test_step"), "'mixed_float16'", False),
+  ],
+)
+def test_a_train_step_that_never_scales_its_loss_is_a_check(train_step, policy, checked):
+  """TF 2.4's "customizing fit" `train_step` (no loss scaling) under a mixed_float16
+  policy: Keras 3's `compile` wraps in its own LossScaleOptimizer, which divides
+  the gradients of a loss nobody scaled by 32768."""
+  source = (
+    f"import tensorflow as tf\ntf.keras.mixed_precision.set_global_policy({policy})\n" + train_step
+  )
+  checks = [f for f in upgrade_source(source).findings if f.kind == "check"]
+  if not checked:
+    assert checks == []
+    return
+  ((line, old, reason),) = [(f.line, f.old, f.reason) for f in checks]
+  assert (line, old) == (2, "tf.keras.mixed_precision.set_global_policy")
+  assert "the `train_step` of line 4 applies gradients of a loss it never scales" in reason
 
 
 def test_a_name_of_two_imports_is_reported_as_such_even_where_one_has_no_equivalent():

@@ -56,6 +56,15 @@ class _FileResult:
     return not self.error and self.new != self.old
 
 
+# TensorFlow reads the variable so (`tf.keras` is then tf_keras, Keras 2).
+_LEGACY_KERAS_NOTE = (
+  "tf-lossscale-upgrade: note: TF_USE_LEGACY_KERAS is set here, so `tf.keras` is tf_keras, "
+  "whose `tf.keras.mixed_precision` still has TF 2.4's LossScaleOptimizer and policies: code "
+  "run that way needs none of these rewrites, and tf_lossscale's `set_global_policy` sets Keras "
+  '3\'s policy, which tf_keras layers do not read (the migration guide, "Keeping Keras 2")'
+)
+
+
 def main(argv=None):
   """Runs the command line; returns the exit status.
 
@@ -100,6 +109,9 @@ def main(argv=None):
       sys.stdout.write(result.diff)
   if not args.quiet:
     print(_summary(results, args), file=sys.stderr)
+    if os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1"):
+      if any(r.changed for r in results):
+        print(_LEGACY_KERAS_NOTE, file=sys.stderr)
   if args.stats:
     parsed = sum(r.parsed for r in results)
     processes = f"{workers} worker processes" if workers > 1 else "1 process"

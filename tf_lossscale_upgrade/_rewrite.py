@@ -132,7 +132,7 @@ def _protocol(code, module):
   a flag, a string or a comment of the name does not count. A text search
   spares most files the walk."""
   finder = _ProtocolFinder()
-  if _PROTOCOL_WORDS.search(code):
+  if _PROTOCOL_WORDS.search(code) or "train_step" in code:
     module.visit(finder)
   return finder
 
@@ -142,12 +142,22 @@ class _ProtocolFinder(cst.CSTVisitor):
   (Keras 3's protocol), or `<expr>.dynamic_scale` of another object than
   `self` (Keras 3's scale); `tf24`: the code names `get_scaled_loss`
   or `get_unscaled_gradients` as an attribute (TF 2.4's protocol); `compiles`:
-  it calls `<expr>.compile(...)`."""
+  it calls `<expr>.compile(...)`; `unscaled_train_step`: the first `def train_step`
+  that calls `<expr>.apply_gradients(...)` and neither `scale_loss` nor
+  `get_scaled_loss`, or None."""
 
   def __init__(self):
     super().__init__()
-    self.keras3 = None
+    self.keras3 = self.unscaled_train_step = None
     self.tf24 = self.compiles = False
+
+  def visit_FunctionDef(self, node):
+    if node.name.value != "train_step" or self.unscaled_train_step is not None:
+      return
+    called = _CalledMethods()
+    node.body.visit(called)
+    if "apply_gradients" in called.names and not called.names & _SCALING:
+      self.unscaled_train_step = node
 
   def visit_Call(self, node):
     if isinstance(node.func, cst.Attribute):
@@ -164,6 +174,21 @@ class _ProtocolFinder(cst.CSTVisitor):
       isinstance(node.value, cst.Name) and node.value.value == "self"
     ):
       self.keras3 = self.keras3 or f"`{name}` attribute"
+
+
+class _CalledMethods(cst.CSTVisitor):
+  """`names`: the `m` of every `<expr>.m(...)` call."""
+
+  def __init__(self):
+    super().__init__()
+    self.names = set()
+
+  def visit_Call(self, node):
+    if isinstance(node.func, cst.Attribute):
+      self.names.add(node.func.attr.value)
+
+
+_SCALING = frozenset(("scale_loss", "get_scaled_loss"))
 
 
 def _dotted(node):
@@ -217,6 +242,7 @@ class _Planner:
     # What shows that the file is Keras 3 code (see `_ProtocolFinder`), or None.
     self.keras3 = None if protocol.tf24 else protocol.keras3
     self.tf24_compile = protocol.tf24 and protocol.compiles  # TF 2.4's protocol and `compile`
+    self.unscaled_train_step = protocol.unscaled_train_step
     self.findings = []
     self.expressions = {}  # node -> the dotted name it becomes
     self.aliases = {}  # ImportAlias -> new fully qualified name it imports
@@ -586,7 +612,8 @@ class _Planner:
     has them) that still need a person's look."""
     for use in uses:
       overrides = None if alive else self._private_overrides(use)
-      for reason in (overrides, self._compile_ignores_loss_scale(use)):
+      reasons = (overrides, self._compile_ignores_loss_scale(use), self._type_test(use))
+      for reason in reasons:
         if reason:
           self._report(use.node, CHECK, _dotted(use.node), reason=reason)
 
@@ -640,10 +667,36 @@ class _Planner:
       return None if _without_loss_scale(policy) else _COMPILE_REASON
     if target.name == _EXPERIMENTAL_POLICY and called and _given_loss_scale(call):
       return _COMPILE_REASON
-    if target.name == _SET_GLOBAL_POLICY and self.tf24_compile:
+    if target.name == _SET_GLOBAL_POLICY and (self.tf24_compile or self.unscaled_train_step):
       policy = _argument(call, 0, "policy") if called else None
-      return None if _not_mixed_float16(policy) else _COMPILE_WRAPS_REASON
+      if _not_mixed_float16(policy):
+        return None
+      if self.tf24_compile:
+        return _COMPILE_WRAPS_REASON
+      line, _ = self._position(self.unscaled_train_step)
+      return _UNSCALED_TRAIN_STEP_REASON.format(line=line)
     return None
+
+  def _type_test(self, use):
+    """Why `isinstance(x, LossScaleOptimizer)` (or `issubclass`) needs a look."""
+    target = _names.NAMES.get(use.name)
+    if target is None or target.name not in _OUR_KERAS_LSO:
+      return None
+    node, parent = use.node, self.parents.get(use.node)
+    while isinstance(parent, cst.Element) and isinstance(self.parents.get(parent), cst.Tuple):
+      node = self.parents[parent]  # `isinstance(x, (A, B))`
+      parent = self.parents.get(node)
+    call = self.parents.get(parent)
+    if not (
+      isinstance(parent, cst.Arg)
+      and isinstance(call, cst.Call)
+      and isinstance(call.func, cst.Name)
+      and call.func.value in ("isinstance", "issubclass")
+      and len(call.args) == 2
+      and call.args[1] is parent
+    ):
+      return None
+    return _TYPE_TEST_REASON
 
   def _rewrite_alias(self, binding, new_name):
     self.aliases[binding.alias] = new_name
@@ -765,6 +818,28 @@ _COMPILE_WRAPS_REASON = (
   "file uses TF 2.4's protocol: where it expects TF 2.4's optimizer from `compile` (an "
   "`isinstance(self.optimizer, LossScaleOptimizer)` in a `train_step`), pass "
   "`LossScaleOptimizer(optimizer)` from tf_lossscale.keras.mixed_precision to `compile`"
+)
+_OUR_KERAS_LSO = frozenset(
+  (
+    "tf_lossscale.keras.mixed_precision.LossScaleOptimizer",
+    "tf_lossscale.keras.mixed_precision.experimental.LossScaleOptimizer",
+  )
+)
+_TYPE_TEST_REASON = (
+  "under 'mixed_float16' Keras 3's `Model.compile` wraps a plain optimizer in Keras 3's own "
+  "LossScaleOptimizer, not in this class (TF 2.4's wrapped it in this one): for an optimizer "
+  "from such a `compile` this test is now False, and a loss it guards goes unscaled while "
+  "Keras 3's wrapper still divides the gradients by its scale; pass "
+  "`LossScaleOptimizer(optimizer)` from tf_lossscale.keras.mixed_precision to `compile`"
+)
+_UNSCALED_TRAIN_STEP_REASON = (
+  "under 'mixed_float16' Keras 3's `Model.compile` wraps a plain optimizer in Keras 3's own "
+  "LossScaleOptimizer, whose `apply_gradients` divides the gradients by its scale, and the "
+  "`train_step` of line {line} applies gradients of a loss it never scales (TF 2.4's wrapper "
+  "applied them as given): its steps would shrink by the scale (32768 at first). Pass "
+  "`LossScaleOptimizer(optimizer)` from tf_lossscale.keras.mixed_precision to `compile` "
+  "(it applies such gradients as TF 2.4's did), or scale the loss with "
+  "`self.optimizer.scale_loss(loss)`"
 )
 _COMPILE_REASON = (
   "Keras 3's `Model.compile` does not wrap the optimizer with the policy's loss scale "
