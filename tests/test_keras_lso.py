@@ -701,6 +701,32 @@ def test_scale_loss_and_apply_in_two_runs_of_a_strategy_pair_up(strategy, family
   assert count(opt.iterations) == 1 and float(opt.loss_scale) == 1024
 
 
+@pytest.mark.parametrize("split", ["scaled_in_run", "applied_in_run", "function_scaled_in_run"])
+def test_scale_loss_and_apply_pair_up_across_a_one_device_run(split):
+  """OneDeviceStrategy runs `strategy.run` in the caller's thread: a `scale_loss`
+  inside it and an `apply_gradients` outside it (or the reverse) are one
+  thread's, and pair up (Keras 3's wrapper: -0.1)."""
+  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  with strategy.scope():
+    var = keras.Variable(0.0)
+    opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=1024)
+
+  def grads():
+    with tf.GradientTape() as tape:
+      loss = opt.scale_loss(var * 1.0)
+    return tape.gradient(loss, var)
+
+  def apply(grad):
+    opt.apply_gradients([(grad, var)])
+
+  if split == "applied_in_run":
+    strategy.run(apply, args=(grads(),))
+  else:
+    step = lambda: apply(strategy.run(grads))  # noqa: E731
+    (tf.function(step) if split.startswith("function") else step)()
+  np.testing.assert_allclose(var.numpy(), -0.1, rtol=1e-6)
+
+
 def test_a_scale_loss_mark_is_its_thread_s():
   """Outside a strategy the marks are per thread: a `scale_loss` pending in
   one thread leaves another thread's TF 2.4-style step as it is."""

@@ -1216,9 +1216,10 @@ def test_a_type_test_of_the_keras_optimizer_is_a_check(monkeypatch):
     for f in _upgrade_both_ways(monkeypatch, source).findings
     if f.kind == "check" and f.reason == TYPE_TEST_REASON
   ]
+  # Not the experimental class: TF 2.4's `compile` did not wrap in it under
+  # 'mixed_float16' either.
   assert checks == [
     (5, 35, "tf.keras.mixed_precision.LossScaleOptimizer"),
-    (7, 30, "mp.experimental.LossScaleOptimizer"),
     (7, 84, "mp.LossScaleOptimizer"),
   ]
 
@@ -1248,6 +1249,18 @@ UNSCALED_TRAIN_STEP = (
     ),
     (UNSCALED_TRAIN_STEP.replace("apply_gradients(", "minimize_it("), "'mixed_float16'", False),
     (UNSCALED_TRAIN_STEP.replace("train_step", "test_step"), "'mixed_float16'", False),
+    # A custom loop's function of that name: no `compile` wraps anything there.
+    (
+      UNSCALED_TRAIN_STEP.replace("class Model(tf.keras.Model):\n", "if True:\n"),
+      "'mixed_float16'",
+      False,
+    ),
+    # The optimizer given to `compile` is wrapped by the file itself.
+    (
+      UNSCALED_TRAIN_STEP + "model.compile(tf.keras.mixed_precision.LossScaleOptimizer(o))\n",
+      "'mixed_float16'",
+      False,
+    ),
   ],
 )
 def test_a_train_step_that_never_scales_its_loss_is_a_check(train_step, policy, checked):

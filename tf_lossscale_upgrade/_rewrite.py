@@ -142,22 +142,34 @@ class _ProtocolFinder(cst.CSTVisitor):
   (Keras 3's protocol), or `<expr>.dynamic_scale` of another object than
   `self` (Keras 3's scale); `tf24`: the code names `get_scaled_loss`
   or `get_unscaled_gradients` as an attribute (TF 2.4's protocol); `compiles`:
-  it calls `<expr>.compile(...)`; `unscaled_train_step`: the first `def train_step`
-  that calls `<expr>.apply_gradients(...)` and neither `scale_loss` nor
-  `get_scaled_loss`, or None."""
+  it calls `<expr>.compile(...)`; `unscaled_train_step`: the first method
+  `train_step` that calls `<expr>.apply_gradients(...)` and neither `scale_loss`
+  nor `get_scaled_loss`, or None; `wraps`: it calls a `LossScaleOptimizer`."""
 
   def __init__(self):
     super().__init__()
     self.keras3 = self.unscaled_train_step = None
-    self.tf24 = self.compiles = False
+    self.tf24 = self.compiles = self.wraps = False
+    self._scopes = []  # the classes and functions the visit is in
+
+  def visit_ClassDef(self, node):
+    self._scopes.append(node)
+
+  def leave_ClassDef(self, original_node):
+    self._scopes.pop()
 
   def visit_FunctionDef(self, node):
-    if node.name.value != "train_step" or self.unscaled_train_step is not None:
+    method = bool(self._scopes) and isinstance(self._scopes[-1], cst.ClassDef)
+    self._scopes.append(node)
+    if not method or node.name.value != "train_step" or self.unscaled_train_step:
       return
     called = _CalledMethods()
     node.body.visit(called)
     if "apply_gradients" in called.names and not called.names & _SCALING:
       self.unscaled_train_step = node
+
+  def leave_FunctionDef(self, original_node):
+    self._scopes.pop()
 
   def visit_Call(self, node):
     if isinstance(node.func, cst.Attribute):
@@ -165,6 +177,9 @@ class _ProtocolFinder(cst.CSTVisitor):
       if called == "scale_loss":
         self.keras3 = self.keras3 or "`scale_loss` protocol"
       self.compiles = self.compiles or called == "compile"
+    else:
+      called = getattr(node.func, "value", None)
+    self.wraps = self.wraps or called == "LossScaleOptimizer"
 
   def visit_Attribute(self, node):
     name = node.attr.value
@@ -242,7 +257,8 @@ class _Planner:
     # What shows that the file is Keras 3 code (see `_ProtocolFinder`), or None.
     self.keras3 = None if protocol.tf24 else protocol.keras3
     self.tf24_compile = protocol.tf24 and protocol.compiles  # TF 2.4's protocol and `compile`
-    self.unscaled_train_step = protocol.unscaled_train_step
+    # A `train_step` that scales no loss, in a file that wraps no optimizer itself.
+    self.unscaled_train_step = None if protocol.wraps else protocol.unscaled_train_step
     self.findings = []
     self.expressions = {}  # node -> the dotted name it becomes
     self.aliases = {}  # ImportAlias -> new fully qualified name it imports
@@ -819,12 +835,9 @@ _COMPILE_WRAPS_REASON = (
   "`isinstance(self.optimizer, LossScaleOptimizer)` in a `train_step`), pass "
   "`LossScaleOptimizer(optimizer)` from tf_lossscale.keras.mixed_precision to `compile`"
 )
-_OUR_KERAS_LSO = frozenset(
-  (
-    "tf_lossscale.keras.mixed_precision.LossScaleOptimizer",
-    "tf_lossscale.keras.mixed_precision.experimental.LossScaleOptimizer",
-  )
-)
+# TF 2.4's `compile` wrapped in this class under 'mixed_float16' (in the experimental
+# one only for an experimental policy's fixed loss scale: `set_policy`'s check).
+_OUR_KERAS_LSO = frozenset(("tf_lossscale.keras.mixed_precision.LossScaleOptimizer",))
 _TYPE_TEST_REASON = (
   "under 'mixed_float16' Keras 3's `Model.compile` wraps a plain optimizer in Keras 3's own "
   "LossScaleOptimizer, not in this class (TF 2.4's wrapped it in this one): for an optimizer "

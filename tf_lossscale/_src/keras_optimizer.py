@@ -79,32 +79,88 @@ class _BaseOptimizerPlaceholder(framework_internals.Trackable):
     )
 
 
-# The `scale_loss` calls (Keras 3's protocol) no `apply_gradients` has taken
-# yet: {optimizer: {graph: count}}, held weakly, so that a mark goes with its
-# optimizer or its function's graph; one table per thread, and one per replica
-# of a tf.distribute strategy (MirroredStrategy runs each `strategy.run` in new
-# threads, one a replica: `scale_loss` and `apply_gradients` in two runs are
-# one replica's all the same).
-_SCALED_LOSS_MARKS = threading.local()
-_REPLICA_MARKS = weakref.WeakKeyDictionary()  # {strategy: {replica id: table}}
+# Each thread's token for the `scale_loss` marks (an object, never reused, where
+# a thread id is once its thread ends).
+_THREAD = threading.local()
+
+
+def _here():
+  """Where this call runs, for the `scale_loss` marks: (its thread's token, and
+  inside a replica context of a tf.distribute strategy (strategy, replica id),
+  else None)."""
+  thread = getattr(_THREAD, "token", None)
+  if thread is None:
+    thread = _THREAD.token = object()
+  if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+    return thread, None
+  context = tf.distribute.get_replica_context()
+  replica = tf.get_static_value(context.replica_id_in_sync_group)
+  if replica is None:  # a TPU's: the thread alone
+    return thread, None
+  return thread, (weakref.ref(context.strategy), int(replica))
+
+
+class _ScaledLossMarks:
+  """An optimizer's `scale_loss` calls (Keras 3's protocol) that no
+  `apply_gradients` has taken yet: {graph: [where each ran]}, the graphs held
+  weakly, so that a mark goes with its function's graph.
+
+  A mark is taken by an `apply_gradients` of the same thread or, under a
+  strategy, of the same replica: MirroredStrategy runs each `strategy.run` in
+  new threads, one a replica (`scale_loss` and `apply_gradients` in two runs
+  pair up), and OneDeviceStrategy in the caller's (one inside `strategy.run`,
+  the other outside it, pair up).
+  """
+
+  def __init__(self):
+    self._by_graph = weakref.WeakKeyDictionary()
+
+  def add(self, graph):
+    self._by_graph.setdefault(graph, []).append(_here())
+
+  def take(self, graph):
+    """Takes a mark of `graph` or of a graph around it made here; returns
+    (whether one was taken, whether one made here is pending in another graph)."""
+    if not self._by_graph:  # every eager TF 2.4-style step comes here
+      return False, False
+    here = _here()
+    while True:
+      places = self._by_graph.get(graph, ())
+      for i, place in enumerate(places):
+        if _same_place(place, here):
+          del places[i]
+          if not places:
+            del self._by_graph[graph]
+          return True, False
+      # Only a function's graph has an outer graph: stop at the eager or TF1 graph.
+      graph = getattr(graph, "outer_graph", None)
+      if not hasattr(graph, "outer_graph"):
+        break
+    places = [place for places in self._by_graph.values() for place in places]
+    return False, any(_same_place(place, here) for place in places)
+
+  def drop(self):
+    """Drops the marks made here, in every graph."""
+    if not self._by_graph:  # every eager TF 2.4-style step comes here
+      return
+    here = _here()
+    for graph, places in list(self._by_graph.items()):
+      places[:] = [place for place in places if not _same_place(place, here)]
+      if not places:
+        del self._by_graph[graph]
+
+
+def _same_place(a, b):
+  return a[0] is b[0] or (a[1] is not None and a[1] == b[1])
+
+
+_SCALED_LOSS_MARKS = weakref.WeakKeyDictionary()  # {optimizer: _ScaledLossMarks}
 
 
 def _marks(optimizer):
-  """`optimizer`'s marks in this replica or thread: {graph: count}."""
-  table = None
-  if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
-    context = tf.distribute.get_replica_context()
-    replica = tf.get_static_value(context.replica_id_in_sync_group)
-    if replica is not None:  # else (a TPU's) the thread's table
-      replicas = _REPLICA_MARKS.setdefault(context.strategy, {})
-      table = replicas.setdefault(int(replica), weakref.WeakKeyDictionary())
-  if table is None:
-    if not hasattr(_SCALED_LOSS_MARKS, "value"):
-      _SCALED_LOSS_MARKS.value = weakref.WeakKeyDictionary()
-    table = _SCALED_LOSS_MARKS.value
-  marks = table.get(optimizer)
+  marks = _SCALED_LOSS_MARKS.get(optimizer)
   if marks is None:  # Made once: this runs in every eager step.
-    marks = table[optimizer] = weakref.WeakKeyDictionary()
+    marks = _SCALED_LOSS_MARKS[optimizer] = _ScaledLossMarks()
   return marks
 
 
@@ -663,7 +719,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     >>> opt.get_scaled_loss(tf.constant(1.5, tf.float16))
     <tf.Tensor: shape=(), dtype=float16, numpy=6.0>
     """
-    _marks(self).clear()  # TF 2.4's protocol: no `scale_loss` is pending.
+    _marks(self).drop()  # TF 2.4's protocol: no `scale_loss` is pending.
     return self._scaled(loss)
 
   def _scaled(self, loss):
@@ -689,7 +745,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     ...  for g in opt.get_unscaled_gradients([tf.constant(2.), None])]
     [0.5, None]
     """
-    _marks(self).clear()  # TF 2.4's protocol: no `scale_loss` is pending.
+    _marks(self).drop()  # TF 2.4's protocol: no `scale_loss` is pending.
     return scale_state.unscale_gradients(grads, self.loss_scale)
 
   @tf.autograph.experimental.do_not_convert
@@ -698,7 +754,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
     Keras 3's `Model.fit` calls it and then passes the gradients of the
     scaled loss to `apply_gradients`. The next `apply_gradients` of this
-    thread (under a tf.distribute strategy: of this replica, in any
+    thread (under a tf.distribute strategy: or of this replica, in any
     `strategy.run`) in the same graph (or in a conditional or loop of the same
     function) therefore unscales the gradients before anything else; each
     `scale_loss` call is paired with one `apply_gradients`, which takes it
@@ -723,8 +779,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     >>> print(var.numpy())
     -2.0
     """
-    marks, graph = _marks(self), tf.compat.v1.get_default_graph()
-    marks[graph] = marks.get(graph, 0) + 1
+    _marks(self).add(tf.compat.v1.get_default_graph())
     return self._scaled(loss)
 
   def _take_scaled_loss_mark(self):
@@ -736,17 +791,8 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     apply) is not taken: the gradients are taken as unscaled, as TF 2.4's
     `apply_gradients` takes them, with a warning, once.
     """
-    marks = _marks(self)
-    graph = tf.compat.v1.get_default_graph()
-    while True:
-      if marks.get(graph):
-        marks[graph] -= 1
-        return True
-      # Only a function's graph has an outer graph: stop at the eager or TF1 graph.
-      graph = getattr(graph, "outer_graph", None)
-      if not hasattr(graph, "outer_graph"):
-        break
-    if any(marks.values()) and not self._warned_of_marks_elsewhere:
+    taken, elsewhere = _marks(self).take(tf.compat.v1.get_default_graph())
+    if elsewhere and not self._warned_of_marks_elsewhere:
       self._set_internal("_warned_of_marks_elsewhere", True)
       tf.get_logger().warning(
         "LossScaleOptimizer.apply_gradients takes these gradients as unscaled: a "
@@ -756,7 +802,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
         "and `apply_gradients` in the same function, or unscale them with "
         "`get_unscaled_gradients` first."
       )
-    return False
+    return taken
 
   # --- Applying ---------------------------------------------------------------
 
