@@ -727,6 +727,40 @@ def test_scale_loss_and_apply_pair_up_across_a_one_device_run(split):
   np.testing.assert_allclose(var.numpy(), -0.1, rtol=1e-6)
 
 
+def test_an_apply_refused_in_cross_replica_context_takes_its_mark():
+  """OneDeviceStrategy: `scale_loss` in `strategy.run`, then `apply_gradients`
+  in its scope (refused): a later apply of gradients given unscaled was
+  divided by the scale."""
+  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  with strategy.scope():
+    var = keras.Variable(0.0)
+    opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=1024)
+    opt.build([var])
+  strategy.run(lambda: opt.scale_loss(var * 1.0))
+  with strategy.scope(), pytest.raises(ValueError, match="must be called in a replica context"):
+    opt.apply_gradients([(tf.constant(1.0), var)])
+  strategy.run(lambda: opt.apply_gradients([(tf.constant(1.0), var)]))
+  np.testing.assert_allclose(var.numpy(), -0.1, rtol=1e-6)
+
+
+def test_scale_loss_marks_no_step_takes_are_bounded():
+  """`scale_loss` per micro-batch and one apply per window (eagerly): the
+  marks left over stay at most `_MAX_PENDING` a graph; each apply still unscales."""
+  from tf_lossscale._src import keras_optimizer
+
+  var = keras.Variable(0.0)
+  opt = mixed_precision.LossScaleOptimizer(
+    keras.optimizers.SGD(1.0), dynamic=False, initial_scale=4
+  )
+  opt.build([var])
+  for _ in range(keras_optimizer._MAX_PENDING + 10):
+    opt.scale_loss(tf.constant(1.0))
+  marks = keras_optimizer._marks(opt)._by_graph
+  assert [len(places) for places in marks.values()] == [keras_optimizer._MAX_PENDING]
+  opt.apply_gradients([(tf.constant(8.0), var)])  # scaled: 2 after the unscale
+  assert float(var.numpy()) == -2.0
+
+
 def test_a_scale_loss_mark_is_its_thread_s():
   """Outside a strategy the marks are per thread: a `scale_loss` pending in
   one thread leaves another thread's TF 2.4-style step as it is."""

@@ -1261,6 +1261,19 @@ UNSCALED_TRAIN_STEP = (
       "'mixed_float16'",
       False,
     ),
+    # ... but not by Keras 3's class (it divides), nor in every `compile`.
+    (
+      UNSCALED_TRAIN_STEP + "m.compile(optimizer=keras.optimizers.LossScaleOptimizer(o))\n",
+      "'mixed_float16'",
+      True,
+    ),
+    (
+      UNSCALED_TRAIN_STEP
+      + "a.compile(optimizer=mixed_precision.LossScaleOptimizer(o))\nb.compile('adam')\n",
+      "'mixed_float16'",
+      True,
+    ),
+    (UNSCALED_TRAIN_STEP + "opt = LossScaleOptimizer(o)\n", "'mixed_float16'", True),
   ],
 )
 def test_a_train_step_that_never_scales_its_loss_is_a_check(train_step, policy, checked):

@@ -144,13 +144,19 @@ class _ProtocolFinder(cst.CSTVisitor):
   or `get_unscaled_gradients` as an attribute (TF 2.4's protocol); `compiles`:
   it calls `<expr>.compile(...)`; `unscaled_train_step`: the first method
   `train_step` that calls `<expr>.apply_gradients(...)` and neither `scale_loss`
-  nor `get_scaled_loss`, or None; `wraps`: it calls a `LossScaleOptimizer`."""
+  nor `get_scaled_loss`, or None; `wraps`: every `compile` call of the file is
+  given `LossScaleOptimizer(...)` (TF's or ours, not Keras 3's), and one is."""
 
   def __init__(self):
     super().__init__()
     self.keras3 = self.unscaled_train_step = None
-    self.tf24 = self.compiles = self.wraps = False
+    self.tf24 = self.compiles = False
     self._scopes = []  # the classes and functions the visit is in
+    self._compile_optimizers = []  # whether each `compile` call is given a wrapper
+
+  @property
+  def wraps(self):
+    return bool(self._compile_optimizers) and all(self._compile_optimizers)
 
   def visit_ClassDef(self, node):
     self._scopes.append(node)
@@ -177,9 +183,8 @@ class _ProtocolFinder(cst.CSTVisitor):
       if called == "scale_loss":
         self.keras3 = self.keras3 or "`scale_loss` protocol"
       self.compiles = self.compiles or called == "compile"
-    else:
-      called = getattr(node.func, "value", None)
-    self.wraps = self.wraps or called == "LossScaleOptimizer"
+      if called == "compile":
+        self._compile_optimizers.append(_wrapped(_argument(node, 0, "optimizer")))
 
   def visit_Attribute(self, node):
     name = node.attr.value
@@ -204,6 +209,15 @@ class _CalledMethods(cst.CSTVisitor):
 
 
 _SCALING = frozenset(("scale_loss", "get_scaled_loss"))
+
+
+def _wrapped(optimizer):
+  """Whether `optimizer` (an argument's value, or None) is a call of TF 2.4's or
+  tf_lossscale's `LossScaleOptimizer` (`keras.optimizers.`'s is Keras 3's)."""
+  if not isinstance(optimizer, cst.Call):
+    return False
+  name = _dotted(optimizer.func) or ""
+  return name.split(".")[-1] == "LossScaleOptimizer" and "optimizers" not in name.split(".")
 
 
 def _dotted(node):

@@ -100,6 +100,9 @@ def _here():
   return thread, (weakref.ref(context.strategy), int(replica))
 
 
+_MAX_PENDING = 1024  # `scale_loss` marks a graph keeps
+
+
 class _ScaledLossMarks:
   """An optimizer's `scale_loss` calls (Keras 3's protocol) that no
   `apply_gradients` has taken yet: {graph: [where each ran]}, the graphs held
@@ -109,14 +112,22 @@ class _ScaledLossMarks:
   strategy, of the same replica: MirroredStrategy runs each `strategy.run` in
   new threads, one a replica (`scale_loss` and `apply_gradients` in two runs
   pair up), and OneDeviceStrategy in the caller's (one inside `strategy.run`,
-  the other outside it, pair up).
+  the other outside it, pair up). A graph keeps its newest `_MAX_PENDING`
+  (`scale_loss` per micro-batch and one `apply_gradients` per window, eagerly,
+  leave marks no step takes). Threads sharing an optimizer share its marks: a
+  lock keeps each call whole.
   """
 
   def __init__(self):
     self._by_graph = weakref.WeakKeyDictionary()
+    self._lock = threading.Lock()
 
   def add(self, graph):
-    self._by_graph.setdefault(graph, []).append(_here())
+    here = _here()
+    with self._lock:
+      places = self._by_graph.setdefault(graph, [])
+      places.append(here)
+      del places[:-_MAX_PENDING]
 
   def take(self, graph):
     """Takes a mark of `graph` or of a graph around it made here; returns
@@ -124,6 +135,10 @@ class _ScaledLossMarks:
     if not self._by_graph:  # every eager TF 2.4-style step comes here
       return False, False
     here = _here()
+    with self._lock:
+      return self._take(graph, here)
+
+  def _take(self, graph, here):
     while True:
       places = self._by_graph.get(graph, ())
       for i, place in enumerate(places):
@@ -144,10 +159,11 @@ class _ScaledLossMarks:
     if not self._by_graph:  # every eager TF 2.4-style step comes here
       return
     here = _here()
-    for graph, places in list(self._by_graph.items()):
-      places[:] = [place for place in places if not _same_place(place, here)]
-      if not places:
-        del self._by_graph[graph]
+    with self._lock:
+      for graph, places in list(self._by_graph.items()):
+        places[:] = [place for place in places if not _same_place(place, here)]
+        if not places:
+          del self._by_graph[graph]
 
 
 def _same_place(a, b):
@@ -926,12 +942,12 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     >>> float(var.numpy()), float(opt.loss_scale), int(opt.iterations.numpy())
     (1.0, 4.0, 1)
     """
+    # Taken before the checks: a step that fails takes its mark with it.
+    scaled = self._take_scaled_loss_mark()
     if tf.distribute.in_cross_replica_context():
       raise ValueError("apply_gradients() must be called in a replica context.")
     # Checked here too: the optimizer is often built outside the strategy.
     _raise_if_strategy_unsupported()
-    # Taken before the checks: a step that fails takes its mark with it.
-    scaled = self._take_scaled_loss_mark()
     grads_and_vars = self._checked_gradients(grads_and_vars)
     aggregate = experimental_aggregate_gradients and not skip_gradients_aggregation
     if scaled:
