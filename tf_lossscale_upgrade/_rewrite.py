@@ -144,19 +144,13 @@ class _ProtocolFinder(cst.CSTVisitor):
   or `get_unscaled_gradients` as an attribute (TF 2.4's protocol); `compiles`:
   it calls `<expr>.compile(...)`; `unscaled_train_step`: the first method
   `train_step` that calls `<expr>.apply_gradients(...)` and neither `scale_loss`
-  nor `get_scaled_loss`, or None; `wraps`: every `compile` call of the file is
-  given `LossScaleOptimizer(...)` (TF's or ours, not Keras 3's), and one is."""
+  nor `get_scaled_loss`, or None."""
 
   def __init__(self):
     super().__init__()
     self.keras3 = self.unscaled_train_step = None
     self.tf24 = self.compiles = False
     self._scopes = []  # the classes and functions the visit is in
-    self._compile_optimizers = []  # whether each `compile` call is given a wrapper
-
-  @property
-  def wraps(self):
-    return bool(self._compile_optimizers) and all(self._compile_optimizers)
 
   def visit_ClassDef(self, node):
     self._scopes.append(node)
@@ -183,8 +177,6 @@ class _ProtocolFinder(cst.CSTVisitor):
       if called == "scale_loss":
         self.keras3 = self.keras3 or "`scale_loss` protocol"
       self.compiles = self.compiles or called == "compile"
-      if called == "compile":
-        self._compile_optimizers.append(_wrapped(_argument(node, 0, "optimizer")))
 
   def visit_Attribute(self, node):
     name = node.attr.value
@@ -209,15 +201,6 @@ class _CalledMethods(cst.CSTVisitor):
 
 
 _SCALING = frozenset(("scale_loss", "get_scaled_loss"))
-
-
-def _wrapped(optimizer):
-  """Whether `optimizer` (an argument's value, or None) is a call of TF 2.4's or
-  tf_lossscale's `LossScaleOptimizer` (`keras.optimizers.`'s is Keras 3's)."""
-  if not isinstance(optimizer, cst.Call):
-    return False
-  name = _dotted(optimizer.func) or ""
-  return name.split(".")[-1] == "LossScaleOptimizer" and "optimizers" not in name.split(".")
 
 
 def _dotted(node):
@@ -271,8 +254,7 @@ class _Planner:
     # What shows that the file is Keras 3 code (see `_ProtocolFinder`), or None.
     self.keras3 = None if protocol.tf24 else protocol.keras3
     self.tf24_compile = protocol.tf24 and protocol.compiles  # TF 2.4's protocol and `compile`
-    # A `train_step` that scales no loss, in a file that wraps no optimizer itself.
-    self.unscaled_train_step = None if protocol.wraps else protocol.unscaled_train_step
+    self.unscaled_train_step = protocol.unscaled_train_step  # a method that scales no loss
     self.findings = []
     self.expressions = {}  # node -> the dotted name it becomes
     self.aliases = {}  # ImportAlias -> new fully qualified name it imports
@@ -863,10 +845,10 @@ _UNSCALED_TRAIN_STEP_REASON = (
   "under 'mixed_float16' Keras 3's `Model.compile` wraps a plain optimizer in Keras 3's own "
   "LossScaleOptimizer, whose `apply_gradients` divides the gradients by its scale, and the "
   "`train_step` of line {line} applies gradients of a loss it never scales (TF 2.4's wrapper "
-  "applied them as given): its steps would shrink by the scale (32768 at first). Pass "
-  "`LossScaleOptimizer(optimizer)` from tf_lossscale.keras.mixed_precision to `compile` "
-  "(it applies such gradients as TF 2.4's did), or scale the loss with "
-  "`self.optimizer.scale_loss(loss)`"
+  "applied them as given): its steps would shrink by the scale (32768 at first). Unless the "
+  "optimizer its model is compiled with is tf_lossscale's `LossScaleOptimizer(optimizer)` "
+  "(which applies such gradients as TF 2.4's did), pass one to `compile`, or scale the loss "
+  "with `self.optimizer.scale_loss(loss)`"
 )
 _COMPILE_REASON = (
   "Keras 3's `Model.compile` does not wrap the optimizer with the policy's loss scale "

@@ -173,10 +173,16 @@ def _same_place(a, b):
 _SCALED_LOSS_MARKS = weakref.WeakKeyDictionary()  # {optimizer: _ScaledLossMarks}
 
 
+_MARKS_MADE = threading.Lock()  # threads sharing a new optimizer make one table
+
+
 def _marks(optimizer):
   marks = _SCALED_LOSS_MARKS.get(optimizer)
   if marks is None:  # Made once: this runs in every eager step.
-    marks = _SCALED_LOSS_MARKS[optimizer] = _ScaledLossMarks()
+    with _MARKS_MADE:
+      marks = _SCALED_LOSS_MARKS.get(optimizer)
+      if marks is None:
+        marks = _SCALED_LOSS_MARKS[optimizer] = _ScaledLossMarks()
   return marks
 
 
