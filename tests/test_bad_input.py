@@ -550,6 +550,23 @@ def test_an_empty_list_is_a_finite_step_with_nothing_to_apply(family, strategy_n
   assert (after, tracked) == (before, tracked)
 
 
+@pytest.mark.parametrize("kind", ["legacy", "new"])
+def test_after_an_empty_list_the_next_step_applies(kind):
+  """A frozen model's tf_keras `fit`, then the model unfrozen (the same
+  optimizer): a new tf_keras optimizer built for no variable refused the
+  next step's (the plain one builds on its first real step)."""
+  module = tf_keras.optimizers.legacy if kind == "legacy" else tf_keras.optimizers
+  var = tf.Variable([1.0, 2.0])
+  plain, ours = module.SGD(0.5, momentum=0.9), LSO(module.SGD(0.5, momentum=0.9))
+  results = []
+  for opt in (plain, ours):
+    var.assign([1.0, 2.0])
+    opt.apply_gradients([])
+    opt.apply_gradients([(tf.constant([1.0, -1.0]), var)])
+    results.append(var.numpy().tolist())
+  assert results == [[0.5, 2.5]] * 2
+
+
 def test_an_empty_list_counts_as_tf_keras_wrapper_counts():
   peer = tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.legacy.SGD())
   ours = LSO(tf_keras.optimizers.legacy.SGD())

@@ -929,9 +929,10 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
         `experimental_aggregate_gradients=False`. Defaults to False.
 
     Returns:
-      The op applying the step, for an OptimizerV2 inner optimizer outside
-      eager execution (as TF 2.4); None otherwise (as tf_keras's wrapper of
-      its newer optimizers), which a `tf.function` can return.
+      The op applying the step, for an OptimizerV2 inner optimizer in a TF1
+      graph (as TF 2.4), and in a `tf.function` a bool tensor, whether the
+      step was applied; None otherwise (as tf_keras's wrapper of its newer
+      optimizers), which a `tf.function` can return.
 
     Raises:
       TypeError: For an item that is not a (gradient, variable) pair, or,
@@ -959,10 +960,13 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     if scaled:
       grads_and_vars = self._unscaled_pairs(grads_and_vars)
     # As the plain optimizer's (Keras 3's builds even for None gradients); in
-    # a graph named as the family's own wrapper named them.
+    # a graph named as the family's own wrapper named them. Not for no pairs
+    # (a frozen model's tf_keras `fit`): a new tf_keras optimizer built for no
+    # variable refuses every later one.
     in_conditional = self.dynamic and self._family.built_in_apply_conditional
     with scale_state.tf24_apply_name_scope() if in_conditional else contextlib.nullcontext():
-      self._adapter.build(grads_and_vars)
+      if grads_and_vars:
+        self._adapter.build(grads_and_vars)
     validation.warn_missing_gradients(grads_and_vars)
     grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
     unknown = self._adapter.unknown_variables([v for _, v in grads_and_vars])
