@@ -776,7 +776,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
     Keras 3's `Model.fit` calls it and then passes the gradients of the
     scaled loss to `apply_gradients`. The next `apply_gradients` of this
-    thread (under a tf.distribute strategy: or of this replica, in any
+    thread (or, under a tf.distribute strategy, of this replica, in any
     `strategy.run`) in the same graph (or in a conditional or loop of the same
     function) therefore unscales the gradients before anything else; each
     `scale_loss` call is paired with one `apply_gradients`, which takes it
