@@ -727,11 +727,15 @@ def test_scale_loss_and_apply_pair_up_across_a_one_device_run(split):
   np.testing.assert_allclose(var.numpy(), -0.1, rtol=1e-6)
 
 
-def test_an_apply_refused_in_cross_replica_context_takes_its_mark():
-  """OneDeviceStrategy: `scale_loss` in `strategy.run`, then `apply_gradients`
-  in its scope (refused): a later apply of gradients given unscaled was
-  divided by the scale."""
-  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+@pytest.mark.parametrize("strategy_name", ["one_device", "mirrored"])
+def test_an_apply_refused_in_cross_replica_context_takes_its_marks(strategy_name):
+  """`scale_loss` in `strategy.run`, then `apply_gradients` in its scope
+  (refused): a later apply of gradients given unscaled was divided by the
+  scale (under MirroredStrategy, each replica's mark was left)."""
+  if strategy_name == "one_device":
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  else:
+    strategy = shared_strategy(strategy_name)
   with strategy.scope():
     var = keras.Variable(0.0)
     opt = mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=1024)
@@ -740,7 +744,8 @@ def test_an_apply_refused_in_cross_replica_context_takes_its_mark():
   with strategy.scope(), pytest.raises(ValueError, match="must be called in a replica context"):
     opt.apply_gradients([(tf.constant(1.0), var)])
   strategy.run(lambda: opt.apply_gradients([(tf.constant(1.0), var)]))
-  np.testing.assert_allclose(var.numpy(), -0.1, rtol=1e-6)
+  for value in locals_of(strategy, var):
+    np.testing.assert_allclose(value, -0.1 * strategy.num_replicas_in_sync, rtol=1e-6)
 
 
 def test_scale_loss_marks_no_step_takes_are_bounded():

@@ -154,14 +154,21 @@ class _ScaledLossMarks:
     places = [place for places in self._by_graph.values() for place in places]
     return False, any(_same_place(place, here) for place in places)
 
-  def drop(self):
-    """Drops the marks made here, in every graph."""
+  def drop(self, strategy=None):
+    """Drops the marks made here, in every graph, and with `strategy` those
+    of each of its replicas."""
     if not self._by_graph:  # every eager TF 2.4-style step comes here
       return
     here = _here()
+
+    def dropped(place):
+      return _same_place(place, here) or (
+        strategy is not None and place[1] is not None and place[1][0]() is strategy
+      )
+
     with self._lock:
       for graph, places in list(self._by_graph.items()):
-        places[:] = [place for place in places if not _same_place(place, here)]
+        places[:] = [place for place in places if not dropped(place)]
         if not places:
           del self._by_graph[graph]
 
@@ -952,6 +959,8 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     # Taken before the checks: a step that fails takes its mark with it.
     scaled = self._take_scaled_loss_mark()
     if tf.distribute.in_cross_replica_context():
+      # The replicas' marks of the `strategy.run` this step was to apply go too.
+      _marks(self).drop(tf.distribute.get_strategy())
       raise ValueError("apply_gradients() must be called in a replica context.")
     # Checked here too: the optimizer is often built outside the strategy.
     _raise_if_strategy_unsupported()
