@@ -1210,6 +1210,16 @@ def test_a_type_test_of_the_keras_optimizer_is_a_check(monkeypatch):
     "mp.LossScaleOptimizer)\n"
     "    opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)  # not a type test\n"
     "    isinstance(tf.keras.mixed_precision.LossScaleOptimizer, type)  # nor this\n"
+    "    a = isinstance(o, int | mp.LossScaleOptimizer | None)\n"
+    "    b = type(o) is mp.LossScaleOptimizer or mp.LossScaleOptimizer != type(o)\n"
+    "    c = o is mp.LossScaleOptimizer or o < mp.LossScaleOptimizer  # nor these\n"
+    "    match o:\n"
+    "      case mp.LossScaleOptimizer(dynamic=True): pass\n"
+    "      case mp.LossScaleOptimizer.x: pass  # nor this\n"
+    "LSO = mp.LossScaleOptimizer\n"
+    "Other = mp.LossScaleOptimizer  # not type-tested\n"
+    "def f(o, Other):\n"
+    "  return isinstance(o, (LSO, int)), Other(o)\n"
   )
   checks = [
     (f.line, f.column, f.old)
@@ -1221,6 +1231,11 @@ def test_a_type_test_of_the_keras_optimizer_is_a_check(monkeypatch):
   assert checks == [
     (5, 35, "tf.keras.mixed_precision.LossScaleOptimizer"),
     (7, 84, "mp.LossScaleOptimizer"),
+    (10, 29, "mp.LossScaleOptimizer"),
+    (11, 20, "mp.LossScaleOptimizer"),
+    (11, 45, "mp.LossScaleOptimizer"),
+    (14, 12, "mp.LossScaleOptimizer"),
+    (16, 7, "mp.LossScaleOptimizer"),
   ]
 
 

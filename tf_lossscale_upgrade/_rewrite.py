@@ -690,25 +690,57 @@ class _Planner:
     return None
 
   def _type_test(self, use):
-    """Why `isinstance(x, LossScaleOptimizer)` (or `issubclass`) needs a look."""
+    """Why a type test of the Keras `LossScaleOptimizer` needs a look:
+    `isinstance(x, A)` or `issubclass` (`A` in a tuple or a `|` union too),
+    `type(x) is A` (or `==`, `is not`, `!=`) and `case A(...)`, and
+    `B = A` where the file type-tests a `B`."""
     target = _names.NAMES.get(use.name)
     if target is None or target.name not in _OUR_KERAS_LSO:
       return None
-    node, parent = use.node, self.parents.get(use.node)
-    while isinstance(parent, cst.Element) and isinstance(self.parents.get(parent), cst.Tuple):
-      node = self.parents[parent]  # `isinstance(x, (A, B))`
-      parent = self.parents.get(node)
-    call = self.parents.get(parent)
+    if self._in_type_test(use.node):
+      return _TYPE_TEST_REASON
+    assign = self.parents.get(use.node)
     if not (
+      isinstance(assign, cst.Assign)
+      and assign.value is use.node
+      and len(assign.targets) == 1
+      and isinstance(assign.targets[0].target, cst.Name)
+    ):
+      return None
+    alias = assign.targets[0].target
+    tested = any(
+      isinstance(node, cst.Name)
+      and node.value == alias.value
+      and node is not alias
+      and self._in_type_test(node)
+      for node in self.parents
+    )
+    return _TYPE_TEST_REASON if tested else None
+
+  def _in_type_test(self, node):
+    """Whether the class expression `node` is what a type test tests against."""
+    parent = self.parents.get(node)
+    while True:
+      if isinstance(parent, cst.Element) and isinstance(self.parents.get(parent), cst.Tuple):
+        node = self.parents[parent]  # `isinstance(x, (A, B))`
+      elif isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.BitOr):
+        node = parent  # `isinstance(x, A | B)`
+      else:
+        break
+      parent = self.parents.get(node)
+    if isinstance(parent, cst.MatchClass):
+      return parent.cls is node
+    if isinstance(parent, (cst.Comparison, cst.ComparisonTarget)):
+      return _compares_a_type(parent, self.parents)
+    call = self.parents.get(parent)
+    return (
       isinstance(parent, cst.Arg)
       and isinstance(call, cst.Call)
       and isinstance(call.func, cst.Name)
       and call.func.value in ("isinstance", "issubclass")
       and len(call.args) == 2
       and call.args[1] is parent
-    ):
-      return None
-    return _TYPE_TEST_REASON
+    )
 
   def _rewrite_alias(self, binding, new_name):
     self.aliases[binding.alias] = new_name
@@ -967,6 +999,20 @@ def _ours_alias(assignment):
     if bound is None and assignment.name == _OURS and full.split(".")[0] == _OURS:
       return alias
   return None
+
+
+def _compares_a_type(node, parents):
+  """Whether `node` (a comparison or one of its targets) is `type(x) is A`:
+  identity or equality of a `type(...)` call and the class."""
+  comparison = node if isinstance(node, cst.Comparison) else parents.get(node)
+  if not isinstance(comparison, cst.Comparison):
+    return False
+  operands = [comparison.left, *(target.comparator for target in comparison.comparisons)]
+  operators = (cst.Is, cst.IsNot, cst.Equal, cst.NotEqual)
+  return all(isinstance(t.operator, operators) for t in comparison.comparisons) and any(
+    isinstance(o, cst.Call) and isinstance(o.func, cst.Name) and o.func.value == "type"
+    for o in operands
+  )
 
 
 def _is_store_target(node, parent):
