@@ -202,6 +202,21 @@ def test_notebook_whose_cell_ends_with_a_comment_is_still_rewritten(tmp_path):
   ]
 
 
+@pytest.mark.parametrize("line_end", ["\n", "\r\n", ""])
+def test_a_notebook_on_one_line_keeps_its_layout(tmp_path, line_end):
+  """`json.dump` and a newline: the file's only line end was taken for a second line."""
+  cells = [
+    {"cell_type": "code", "source": ["import tensorflow as tf\n"]},
+    {"cell_type": "code", "source": ["opt = tf.keras.mixed_precision.LossScaleOptimizer(o)"]},
+  ]
+  path = tmp_path / "one_line.ipynb"
+  path.write_bytes((json.dumps({"cells": cells, "nbformat": 4}) + line_end).encode())
+  assert _tool("--in-place", "--quiet", str(path)).returncode == 0
+  cells[0]["source"].append("import tf_lossscale\n")
+  cells[1]["source"] = ["opt = tf_lossscale.keras.mixed_precision.LossScaleOptimizer(o)"]
+  assert path.read_bytes() == (json.dumps({"cells": cells, "nbformat": 4}) + line_end).encode()
+
+
 def test_notebook_with_windows_line_endings_keeps_them_and_its_layout(tmp_path):
   cells = [
     {"cell_type": "code", "metadata": {}, "outputs": [], "source": ["import tensorflow as tf\n"]},
@@ -1822,16 +1837,23 @@ try:
   from {module} import upgrade_source
 except ImportError as error:
   print("ImportError", error)
+import {module} as tool
+try:
+  tool.nonexistent
+except AttributeError as error:
+  print("AttributeError", error)
 sys.exit(status)
 """
 
 
 @pytest.mark.parametrize("module", ["tf_lossscale_upgrade", "tf_lossscale.upgrade"])
 def test_without_libcst_the_command_says_what_to_install(tmp_path, module):
-  """`python -m ...` (and the console script, the same `main`) exits 1 with one
-  line, no traceback; the library's names raise ImportError with that line."""
+  """`python -m ...` (and the console script, the same `main`) exits 2 (an error;
+  1 is `--check`'s "a file would change") with one line, no traceback; the
+  library's names raise ImportError with that line, other names AttributeError
+  naming the module imported."""
   done = helpers.run_script(tmp_path, _WITHOUT_LIBCST.format(module=module), None)
-  assert done.returncode == 1, done.stderr[-3000:]
+  assert done.returncode == 2, done.stderr[-3000:]
   assert (
     done.stderr.endswith(
       "\ntf-lossscale-upgrade needs libcst: pip install 'tf-lossscale[upgrade]'\n"
@@ -1841,6 +1863,7 @@ def test_without_libcst_the_command_says_what_to_install(tmp_path, module):
   assert "Traceback" not in done.stderr
   assert done.stdout == (
     "ImportError tf-lossscale-upgrade needs libcst: pip install 'tf-lossscale[upgrade]'\n"
+    f"AttributeError module {module!r} has no attribute 'nonexistent'\n"
   )
 
 

@@ -50,10 +50,10 @@ except ImportError as _missing:
   _MISSING = _missing
 
   def main(argv=None):
-    """Without libcst, the command says what to install (exit status 1)."""
+    """Without libcst, the command says what to install (exit status 2, an error)."""
     del argv
     print(_NEEDS_LIBCST, file=sys.stderr)
-    return 1
+    return 2
 
   def __getattr__(name):
     if name in __all__:

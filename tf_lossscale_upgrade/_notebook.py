@@ -218,7 +218,8 @@ def _dump_like(data, original):
   if original.count("\r\n") == original.count("\n") > 0:  # Windows line ends
     return _dump_like(data, original.replace("\r\n", "\n")).replace("\n", "\r\n")
   stripped = original.lstrip()
-  second = original.splitlines()[1] if original.count("\n") else ""
+  lines = original.splitlines()
+  second = lines[1] if len(lines) > 1 else ""
   indent = len(second) - len(second.lstrip(" ")) if second.strip() else None
   trailing = original[len(original.rstrip()) :]
   for ensure_ascii in (False, True):

@@ -22,7 +22,9 @@ except ImportError:  # No libcst: the command says what to install; the names ra
   from tf_lossscale_upgrade import main
 
   def __getattr__(name):
-    return getattr(tf_lossscale_upgrade, name)
+    if name in __all__:
+      return getattr(tf_lossscale_upgrade, name)  # raises ImportError, naming the extra
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["Finding", "Result", "main", "upgrade_source"]
