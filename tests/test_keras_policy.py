@@ -318,6 +318,70 @@ def test_a_mixed_policy_blocks_tf_own_graph_rewrite():
   assert opt is not None
 
 
+def test_tf_own_graph_rewrite_stays_blocked_while_tf_keras_s_policy_is_mixed():
+  """TF's flag is shared: `set_policy(None)` cleared it while tf_keras's global
+  policy was still mixed, and TF's rewrite then ran beside it."""
+  tf_keras.mixed_precision.set_global_policy("mixed_float16")
+  experimental.set_policy(None)
+  try:
+    with pytest.raises(ValueError, match="global Keras dtype Policy has been set to a mixed"):
+      tf.compat.v1.mixed_precision.enable_mixed_precision_graph_rewrite(
+        tf.compat.v1.train.GradientDescentOptimizer(1.0)
+      )
+  finally:  # Left on, the rewrite would fail the next tests.
+    tf.compat.v1.mixed_precision.disable_mixed_precision_graph_rewrite()
+
+
+@pytest.mark.parametrize("value, legacy", [("1", True), ("true", True), ("0", False)])
+def test_with_tf_use_legacy_keras_set_policy_sets_tf_keras_s_policy_too(
+  monkeypatch, value, legacy
+):
+  """`tf.keras` is tf_keras there, and its layers read tf_keras's global policy."""
+  monkeypatch.setenv("TF_USE_LEGACY_KERAS", value)
+  experimental.set_policy(experimental.Policy("mixed_float16"))
+  layer = tf_keras.layers.Dense(1)
+  assert layer.compute_dtype == ("float16" if legacy else "float32")
+  assert keras.layers.Dense(1).compute_dtype == "float16"
+  experimental.set_policy(None)
+  assert tf_keras.layers.Dense(1).compute_dtype == "float32"
+
+
+@pytest.mark.parametrize(
+  "loss_scale, name, warned",
+  [
+    ("auto", "mixed_float16", False),
+    ("dynamic", "mixed_float16", False),
+    (128, "mixed_float16", True),
+    (None, "mixed_float16", True),  # Keras 3's `compile` scales anyway.
+    (tf_lossscale.DynamicLossScale(increment_period=8), "mixed_float16", True),
+    ("auto", "float32", False),
+    (64, "float32", True),
+  ],
+)
+def test_set_policy_says_once_that_compile_ignores_a_loss_scale(
+  caplog, monkeypatch, loss_scale, name, warned
+):
+  from tf_lossscale._src import keras_policy
+
+  monkeypatch.setattr(keras_policy, "_compile_warning_logged", False)
+  policy = experimental.Policy(name, loss_scale)
+  with caplog.at_level(logging.WARNING, logger="tensorflow"):
+    experimental.set_policy(policy)
+    experimental.set_policy(policy)
+  said = [r.getMessage() for r in caplog.records if "does not use the loss scale" in r.getMessage()]
+  assert said == (
+    [
+      "Keras's `Model.compile` does not use the loss scale of the global policy "
+      f"{policy!r} (TF 2.4's did; under 'mixed_float16' Keras's adds its own dynamic one). "
+      "To train as TF 2.4 did, pass `wrap_optimizer_for_policy(optimizer)` from "
+      "tf_lossscale.keras.mixed_precision.experimental to `compile` (for a policy without "
+      "a loss scale, with `auto_scale_loss=False`)."
+    ]
+    if warned
+    else []
+  )
+
+
 def test_get_layer_policy():
   assert experimental.get_layer_policy(keras.layers.Dense(1, dtype="float64")).name == "float64"
   tf_keras_layer = tf_keras.layers.Dense(1, dtype="mixed_float16")

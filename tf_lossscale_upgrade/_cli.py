@@ -59,9 +59,10 @@ class _FileResult:
 # TensorFlow reads the variable so (`tf.keras` is then tf_keras, Keras 2).
 _LEGACY_KERAS_NOTE = (
   "tf-lossscale-upgrade: note: TF_USE_LEGACY_KERAS is set here, so `tf.keras` is tf_keras, "
-  "whose `tf.keras.mixed_precision` still has TF 2.4's LossScaleOptimizer and policies: code "
-  "run that way needs none of these rewrites, and tf_lossscale's `set_global_policy` sets Keras "
-  '3\'s policy, which tf_keras layers do not read (the migration guide, "Keeping Keras 2")'
+  "whose `tf.keras.mixed_precision` still has TF 2.4's LossScaleOptimizer, Policy and "
+  "set_global_policy (not the experimental names): code run that way needs no rewrite of "
+  "those, and tf_lossscale's `set_global_policy` sets Keras 3's policy, which tf_keras layers "
+  'do not read (the migration guide, "Keeping Keras 2")'
 )
 
 

@@ -18,6 +18,8 @@ top of Keras 3:
   policy's loss scale, which Keras 3's `Model.compile` cannot be made to do.
 """
 
+import importlib
+import os
 import sys
 
 import keras
@@ -363,7 +365,50 @@ def set_policy(policy):
       f"{policy.name}"
     )
   keras.mixed_precision.set_global_policy(policy)
-  framework_internals.set_using_mixed_precision_policy(is_mixed)
+  if _keras_2_is_tf_keras():  # `tf.keras` layers read tf_keras's global policy
+    importlib.import_module("tf_keras").mixed_precision.set_global_policy(policy.name)
+  # TF's flag is shared with tf_keras's `set_global_policy`: mixed if either is.
+  framework_internals.set_using_mixed_precision_policy(is_mixed or _tf_keras_policy_is_mixed())
+  if isinstance(policy, Policy) and not _compile_scales_as_tf24(policy):
+    _warn_once_that_compile_ignores(policy)
+
+
+def _keras_2_is_tf_keras():
+  """Whether `tf.keras` is tf_keras: TensorFlow's switch, `TF_USE_LEGACY_KERAS`."""
+  return os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
+
+
+def _tf_keras_policy_is_mixed():
+  tf_keras = sys.modules.get("tf_keras")
+  if tf_keras is None:
+    return False
+  policy = tf_keras.mixed_precision.global_policy()
+  return policy.compute_dtype != policy.variable_dtype
+
+
+def _compile_scales_as_tf24(policy):
+  """Whether Keras 3's `compile` scales the loss as TF 2.4's did under `policy`:
+  with a default `DynamicLossScale` for `'mixed_float16'`, else not at all."""
+  if policy.name != "mixed_float16":
+    return policy.loss_scale is None
+  default = loss_scale_module.serialize(loss_scale_module.DynamicLossScale())
+  return policy.loss_scale is not None and loss_scale_module.serialize(policy.loss_scale) == default
+
+
+_compile_warning_logged = False
+
+
+def _warn_once_that_compile_ignores(policy):
+  global _compile_warning_logged
+  if not _compile_warning_logged:
+    _compile_warning_logged = True
+    _logger.warning(
+      f"Keras's `Model.compile` does not use the loss scale of the global policy {policy!r} "
+      "(TF 2.4's did; under 'mixed_float16' Keras's adds its own dynamic one). To train as "
+      "TF 2.4 did, pass `wrap_optimizer_for_policy(optimizer)` from "
+      "tf_lossscale.keras.mixed_precision.experimental to `compile` (for a policy without "
+      "a loss scale, with `auto_scale_loss=False`)."
+    )
 
 
 def _is_layer(obj):
