@@ -283,6 +283,14 @@ def test_set_policy_with_a_name_sets_a_plain_policy(name):
   assert policy.name == name
 
 
+def test_set_policy_takes_a_tf_keras_policy_by_its_name():
+  """tf_keras's `Policy` is TF 2.4's non-experimental one, which TF 2.4's
+  `set_policy` took; it was refused as "'name' must be a string"."""
+  experimental.set_policy(tf_keras.mixed_precision.Policy("mixed_float16"))
+  policy = keras.mixed_precision.global_policy()
+  assert not isinstance(policy, experimental.Policy) and policy.name == "mixed_float16"
+
+
 def test_set_policy_none_restores_floatx():
   experimental.set_policy("mixed_float16")
   experimental.set_policy(None)

@@ -331,7 +331,8 @@ def set_policy(policy):
   >>> mixed_precision.set_policy('float32')
 
   Args:
-    policy: A `Policy` (experimental or Keras 3's), a policy name, or None.
+    policy: A `Policy` (experimental or Keras 3's; tf_keras's is taken by
+      its name), a policy name, or None.
 
   Raises:
     ValueError: If `policy` is a mixed policy while the mixed precision graph
@@ -341,6 +342,8 @@ def set_policy(policy):
   if policy is None:
     policy = KerasPolicy(keras.config.floatx())
   elif not isinstance(policy, KerasPolicy):
+    if _is_tf_keras_policy(policy):  # TF 2.4's non-experimental kind: its name
+      policy = policy.name
     policy = KerasPolicy(_canonical_name(policy))
     if policy.name == "mixed_float16":  # TF 2.4's policy of that name logged it.
       _DeviceCheck.log_once()
@@ -371,6 +374,11 @@ def set_policy(policy):
   framework_internals.set_using_mixed_precision_policy(is_mixed or _tf_keras_policy_is_mixed())
   if isinstance(policy, Policy) and not _compile_scales_as_tf24(policy):
     _warn_once_that_compile_ignores(policy)
+
+
+def _is_tf_keras_policy(policy):
+  tf_keras = sys.modules.get("tf_keras")
+  return tf_keras is not None and isinstance(policy, tf_keras.mixed_precision.Policy)
 
 
 def _keras_2_is_tf_keras():
