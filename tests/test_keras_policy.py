@@ -341,9 +341,7 @@ def test_tf_own_graph_rewrite_stays_blocked_while_tf_keras_s_policy_is_mixed():
 
 
 @pytest.mark.parametrize("value, legacy", [("1", True), ("true", True), ("0", False)])
-def test_with_tf_use_legacy_keras_set_policy_sets_tf_keras_s_policy_too(
-  monkeypatch, value, legacy
-):
+def test_with_tf_use_legacy_keras_set_policy_sets_tf_keras_s_policy_too(monkeypatch, value, legacy):
   """`tf.keras` is tf_keras there, and its layers read tf_keras's global policy."""
   monkeypatch.setenv("TF_USE_LEGACY_KERAS", value)
   experimental.set_policy(experimental.Policy("mixed_float16"))
