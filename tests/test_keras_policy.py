@@ -381,11 +381,55 @@ def test_set_policy_says_once_that_compile_ignores_a_loss_scale(
       f"{policy!r} (TF 2.4's did; under 'mixed_float16' Keras's adds its own dynamic one). "
       "To train as TF 2.4 did, pass `wrap_optimizer_for_policy(optimizer)` from "
       "tf_lossscale.keras.mixed_precision.experimental to `compile` (for a policy without "
-      "a loss scale, with `auto_scale_loss=False`)."
+      "a loss scale, pass `optimizer` with `auto_scale_loss=False`)."
     ]
     if warned
     else []
   )
+
+
+def test_under_tf_use_legacy_keras_the_compile_warning_gives_tf_keras_s_way(caplog, monkeypatch):
+  """tf_keras's `compile` refuses `auto_scale_loss`; a fixed scale of 1 trains unscaled."""
+  monkeypatch.setattr(keras_policy, "_compile_warning_logged", False)
+  monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+  with caplog.at_level(logging.WARNING, logger="tensorflow"):
+    experimental.set_policy(experimental.Policy("mixed_float16", None))
+  said = [r.getMessage() for r in caplog.records if "does not use the loss scale" in r.getMessage()]
+  assert len(said) == 1
+  assert said[0].endswith(
+    "(for a policy without a loss scale, pass `LossScaleOptimizer(optimizer, dynamic=False, "
+    "initial_scale=1)` from tf_lossscale.keras.mixed_precision, which scales by 1: no scaling)."
+  )
+  # What it says works: tf_keras's `compile` keeps the optimizer, which scales by 1.
+  model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))])
+  opt = tf_lossscale.keras.mixed_precision.LossScaleOptimizer(
+    tf_keras.optimizers.SGD(0.1), dynamic=False, initial_scale=1
+  )
+  model.compile(opt, "mse")
+  model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0)
+  assert model.optimizer is opt
+  assert float(opt.loss_scale) == 1.0
+
+
+def test_under_tf_use_legacy_keras_a_policy_tf_keras_refuses_sets_neither(monkeypatch):
+  monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+  with pytest.raises(ValueError, match="int8_from_mixed_bfloat16"):
+    experimental.set_policy(keras.dtype_policies.get("int8_from_mixed_bfloat16"))
+  assert keras.mixed_precision.global_policy().name == "float32"
+  assert tf_keras.mixed_precision.global_policy().name == "float32"
+
+
+def test_under_tf_use_legacy_keras_the_device_check_is_logged_once(caplog, monkeypatch):
+  """tf_keras's policy logs its own copy of the check; ours was said already."""
+  from tf_keras.src.mixed_precision import device_compatibility_check as tf_keras_check
+
+  monkeypatch.setattr(keras_policy._DeviceCheck, "logged", False)
+  monkeypatch.setattr(tf_keras_check, "_logged_compatibility_check", False)
+  monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+  with caplog.at_level(logging.INFO, logger="tensorflow"):
+    experimental.set_policy("mixed_float16")
+  checks = [r for r in caplog.records if "compatibility check" in r.getMessage()]
+  assert len(checks) == 1
 
 
 def test_get_layer_policy():

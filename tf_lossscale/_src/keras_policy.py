@@ -18,6 +18,7 @@ top of Keras 3:
   policy's loss scale, which Keras 3's `Model.compile` cannot be made to do.
 """
 
+import contextlib
 import importlib
 import os
 import sys
@@ -107,6 +108,20 @@ class _DeviceCheck:
       for gpu in tf.config.list_physical_devices("GPU")
     ]
     cls.log(details)
+
+  @classmethod
+  @contextlib.contextmanager
+  def heard_once(cls):
+    """Drops tf_keras's copy of the check (same logger, same words) once ours is logged."""
+
+    def is_new(record):
+      return not (cls.logged and record.getMessage().startswith(cls._PREFIX))
+
+    _logger.addFilter(is_new)
+    try:
+      yield
+    finally:
+      _logger.removeFilter(is_new)
 
   @classmethod
   def log(cls, gpu_details):
@@ -367,9 +382,15 @@ def set_policy(policy):
       'policies, such as "float32" and "mixed_float16", but got policy: '
       f"{policy.name}"
     )
+  tf_keras_policy = None
+  if _keras_2_is_tf_keras():  # `tf.keras` layers read tf_keras's global policy.
+    # Made first: a name tf_keras refuses sets neither global policy.
+    tf_keras = importlib.import_module("tf_keras")
+    with _DeviceCheck.heard_once():
+      tf_keras_policy = tf_keras.mixed_precision.Policy(policy.name)
   keras.mixed_precision.set_global_policy(policy)
-  if _keras_2_is_tf_keras():  # `tf.keras` layers read tf_keras's global policy
-    importlib.import_module("tf_keras").mixed_precision.set_global_policy(policy.name)
+  if tf_keras_policy is not None:
+    tf_keras.mixed_precision.set_global_policy(tf_keras_policy)
   # TF's flag is shared with tf_keras's `set_global_policy`: mixed if either is.
   framework_internals.set_using_mixed_precision_policy(is_mixed or _tf_keras_policy_is_mixed())
   if isinstance(policy, Policy) and not _compile_scales_as_tf24(policy):
@@ -408,15 +429,23 @@ _compile_warning_logged = False
 
 def _warn_once_that_compile_ignores(policy):
   global _compile_warning_logged
-  if not _compile_warning_logged:
-    _compile_warning_logged = True
-    _logger.warning(
-      f"Keras's `Model.compile` does not use the loss scale of the global policy {policy!r} "
-      "(TF 2.4's did; under 'mixed_float16' Keras's adds its own dynamic one). To train as "
-      "TF 2.4 did, pass `wrap_optimizer_for_policy(optimizer)` from "
-      "tf_lossscale.keras.mixed_precision.experimental to `compile` (for a policy without "
-      "a loss scale, with `auto_scale_loss=False`)."
+  if _compile_warning_logged:
+    return
+  _compile_warning_logged = True
+  if _keras_2_is_tf_keras():  # tf_keras's `compile` has no `auto_scale_loss`.
+    unscaled = (
+      "`LossScaleOptimizer(optimizer, dynamic=False, initial_scale=1)` from "
+      "tf_lossscale.keras.mixed_precision, which scales by 1: no scaling"
     )
+  else:
+    unscaled = "`optimizer` with `auto_scale_loss=False`"
+  _logger.warning(
+    f"Keras's `Model.compile` does not use the loss scale of the global policy {policy!r} "
+    "(TF 2.4's did; under 'mixed_float16' Keras's adds its own dynamic one). To train as "
+    "TF 2.4 did, pass `wrap_optimizer_for_policy(optimizer)` from "
+    "tf_lossscale.keras.mixed_precision.experimental to `compile` (for a policy without "
+    f"a loss scale, pass {unscaled})."
+  )
 
 
 def _is_layer(obj):
