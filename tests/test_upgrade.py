@@ -217,6 +217,22 @@ def test_a_notebook_on_one_line_keeps_its_layout(tmp_path, line_end):
   assert path.read_bytes() == (json.dumps({"cells": cells, "nbformat": 4}) + line_end).encode()
 
 
+def test_a_notebook_splits_lines_at_newlines_alone(tmp_path):
+  """U+2028 and form feeds are text in JSON and Python: no line ends there, in the
+  file's layout or in a cell's list of lines."""
+  cells = [
+    {"cell_type": "code", "source": ["import tensorflow as tf\n", "s = 'a\u2028b\x0cc'\n"]},
+    {"cell_type": "code", "source": ["opt = tf.keras.mixed_precision.LossScaleOptimizer(o)"]},
+  ]
+  path = tmp_path / "one_line.ipynb"
+  path.write_text(json.dumps({"cells": cells, "nbformat": 4}, ensure_ascii=False), "utf-8")
+  assert _tool("--in-place", "--quiet", str(path)).returncode == 0
+  cells[0]["source"].insert(1, "import tf_lossscale\n")
+  cells[1]["source"] = ["opt = tf_lossscale.keras.mixed_precision.LossScaleOptimizer(o)"]
+  expected = json.dumps({"cells": cells, "nbformat": 4}, ensure_ascii=False)
+  assert path.read_text("utf-8") == expected
+
+
 def test_notebook_with_windows_line_endings_keeps_them_and_its_layout(tmp_path):
   cells = [
     {"cell_type": "code", "metadata": {}, "outputs": [], "source": ["import tensorflow as tf\n"]},
@@ -305,6 +321,21 @@ def test_diff_is_the_default_and_applies_with_patch(project):
     subprocess.run([patch, "-s", "-p0"], input=result.stdout, text=True, cwd=project, check=True)
     target = project / "custom_loop.py"
     assert target.read_text() == _expected_path("custom_loop.py").read_text()
+
+
+def test_the_diff_of_a_file_with_form_feeds_has_its_lines(tmp_path):
+  """A form feed (a page break in older Python files) is no line end: the diff's
+  context and removed lines are the file's own, so it applies."""
+  before = (
+    "import tensorflow as tf\n\x0c\n\nx = 1\n\x0c\n"
+    "opt = tf.keras.mixed_precision.LossScaleOptimizer(o)\n"
+  )
+  path = tmp_path / "paged.py"
+  path.write_text(before)
+  diff = _tool(str(path)).stdout.split("\n")
+  assert diff[2] == "@@ -1,6 +1,7 @@"
+  old_side = [line[1:] for line in diff[3:] if line[:1] in (" ", "-")]
+  assert "\n".join(old_side) + "\n" == before
 
 
 def test_stdin():
@@ -1235,6 +1266,11 @@ def test_a_type_test_of_the_keras_optimizer_is_a_check(monkeypatch):
     "Other = mp.LossScaleOptimizer  # not type-tested\n"
     "def f(o, Other):\n"
     "  return isinstance(o, (LSO, int)), Other(o)\n"
+    "KINDS = [int, mp.LossScaleOptimizer]\n"
+    "K2: type = mp.LossScaleOptimizer\n"
+    "d = type(o) in KINDS or o.__class__ == K2\n"
+    "e = type(o) not in (mp.LossScaleOptimizer,)\n"
+    "g = mp.LossScaleOptimizer in registry or o in (mp.LossScaleOptimizer,)  # nor these\n"
   )
   checks = [
     (f.line, f.column, f.old)
@@ -1251,6 +1287,9 @@ def test_a_type_test_of_the_keras_optimizer_is_a_check(monkeypatch):
     (11, 45, "mp.LossScaleOptimizer"),
     (14, 12, "mp.LossScaleOptimizer"),
     (16, 7, "mp.LossScaleOptimizer"),
+    (20, 15, "mp.LossScaleOptimizer"),
+    (21, 12, "mp.LossScaleOptimizer"),
+    (23, 21, "mp.LossScaleOptimizer"),
   ]
 
 

@@ -272,9 +272,7 @@ def _upgrade_notebook(result):
 
 
 def _diff(old, new, name):
-  lines = difflib.unified_diff(
-    old.splitlines(keepends=True), new.splitlines(keepends=True), name, name
-  )
+  lines = difflib.unified_diff(_rewrite.lines(old), _rewrite.lines(new), name, name)
   return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
 

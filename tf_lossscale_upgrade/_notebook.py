@@ -88,7 +88,7 @@ class Notebook:
         masked_cells[index] = source
       elif _prefilter.names_a_word(source):
         line, first = next(
-          (n, t.strip()) for n, t in enumerate(source.splitlines(), 1) if t.strip()
+          (n, t.strip()) for n, t in enumerate(_rewrite.lines(source), 1) if t.strip()
         )
         finding = _rewrite.Finding(line, 1, _rewrite.NOT_REWRITTEN, first, "", _LEFT_OUT)
         left_out.append((index, finding))
@@ -124,7 +124,7 @@ class Notebook:
       if isinstance(cell.get("source"), str):
         cell["source"] = source
       else:
-        cell["source"] = source.splitlines(keepends=True)
+        cell["source"] = _rewrite.lines(source)
     return _dump_like(data, self.text)
 
 
@@ -161,7 +161,7 @@ def _mask(source, first):
     The code and {comment: the line it replaces}.
   """
   masks = {}
-  lines = source.splitlines(keepends=True)
+  lines = _rewrite.lines(source)
   out = []
   for line in lines:
     if _IPYTHON_LINE.search(line.rstrip("\r\n")):
@@ -184,7 +184,7 @@ def _cell_magic(source):
 def _unmask(code, masks):
   if not masks:
     return code
-  lines = code.splitlines(keepends=True)
+  lines = _rewrite.lines(code)
   out = []
   for line in lines:
     body = line.rstrip("\r\n")
@@ -197,7 +197,7 @@ def _split(code, cells):
   """{cell index: source} from the joined code."""
   sources, current = {}, None
   markers = {_BOUNDARY.format(index): index for index in cells}
-  for line in code.splitlines(keepends=True):
+  for line in _rewrite.lines(code):
     index = markers.get(line.rstrip("\r\n"))
     if index is not None:
       current = index
@@ -218,7 +218,7 @@ def _dump_like(data, original):
   if original.count("\r\n") == original.count("\n") > 0:  # Windows line ends
     return _dump_like(data, original.replace("\r\n", "\n")).replace("\n", "\r\n")
   stripped = original.lstrip()
-  lines = original.splitlines()
+  lines = original.split("\n")
   second = lines[1] if len(lines) > 1 else ""
   indent = len(second) - len(second.lstrip(" ")) if second.strip() else None
   trailing = original[len(original.rstrip()) :]

@@ -127,6 +127,12 @@ def upgrade_parsed(code):
   return Result(new_module.code, tuple(plan.findings))
 
 
+def lines(text):
+  """`text`'s lines with their ends, split at "\n" alone as Python and Jupyter count
+  them (`str.splitlines` also splits at form feeds, U+2028 and other separators)."""
+  return re.findall(r"[^\n]*\n|[^\n]+\Z", text)
+
+
 def _protocol(code, module):
   """Which loss-scaling protocol `module`'s code uses (see `_ProtocolFinder`);
   a flag, a string or a comment of the name does not count. A text search
@@ -692,42 +698,48 @@ class _Planner:
   def _type_test(self, use):
     """Why a type test of the Keras `LossScaleOptimizer` needs a look:
     `isinstance(x, A)` or `issubclass` (`A` in a tuple or a `|` union too),
-    `type(x) is A` (or `==`, `is not`, `!=`) and `case A(...)`, and
-    `B = A` where the file type-tests a `B`."""
+    `type(x) is A` (or `==`, `is not`, `!=`, `in`, and `x.__class__`) and
+    `case A(...)`, and `B = A` (or `B = (A, C)`) where the file type-tests a `B`."""
     target = _names.NAMES.get(use.name)
     if target is None or target.name not in _OUR_KERAS_LSO:
       return None
     if self._in_type_test(use.node):
       return _TYPE_TEST_REASON
-    assign = self.parents.get(use.node)
-    if not (
-      isinstance(assign, cst.Assign)
-      and assign.value is use.node
-      and len(assign.targets) == 1
-      and isinstance(assign.targets[0].target, cst.Name)
-    ):
+    classes = self._classes(use.node)
+    assign = self.parents.get(classes)
+    if isinstance(assign, cst.Assign) and assign.value is classes:
+      aliases = [target.target for target in assign.targets]
+    elif isinstance(assign, cst.AnnAssign) and assign.value is classes:
+      aliases = [assign.target]
+    else:
       return None
-    alias = assign.targets[0].target
+    names = {alias.value for alias in aliases if isinstance(alias, cst.Name)}
     tested = any(
       isinstance(node, cst.Name)
-      and node.value == alias.value
-      and node is not alias
+      and node.value in names
+      and node not in aliases
       and self._in_type_test(node)
       for node in self.parents
     )
     return _TYPE_TEST_REASON if tested else None
 
+  def _classes(self, node):
+    """The expression of classes that the class `node` is part of: `(A, B)`,
+    `[A, B]`, `{A, B}` or `A | B` around it, else `node`."""
+    while True:
+      parent = self.parents.get(node)
+      container = self.parents.get(parent)
+      if isinstance(parent, cst.Element) and isinstance(container, (cst.Tuple, cst.List, cst.Set)):
+        node = container
+      elif isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.BitOr):
+        node = parent
+      else:
+        return node
+
   def _in_type_test(self, node):
     """Whether the class expression `node` is what a type test tests against."""
+    node = self._classes(node)
     parent = self.parents.get(node)
-    while True:
-      if isinstance(parent, cst.Element) and isinstance(self.parents.get(parent), cst.Tuple):
-        node = self.parents[parent]  # `isinstance(x, (A, B))`
-      elif isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.BitOr):
-        node = parent  # `isinstance(x, A | B)`
-      else:
-        break
-      parent = self.parents.get(node)
     if isinstance(parent, cst.MatchClass):
       return parent.cls is node
     if isinstance(parent, (cst.Comparison, cst.ComparisonTarget)):
@@ -1003,14 +1015,16 @@ def _ours_alias(assignment):
 
 def _compares_a_type(node, parents):
   """Whether `node` (a comparison or one of its targets) is `type(x) is A`:
-  identity or equality of a `type(...)` call and the class."""
+  identity, equality or membership (`in (A, B)`) of `type(x)` or `x.__class__`
+  and the classes."""
   comparison = node if isinstance(node, cst.Comparison) else parents.get(node)
   if not isinstance(comparison, cst.Comparison):
     return False
   operands = [comparison.left, *(target.comparator for target in comparison.comparisons)]
-  operators = (cst.Is, cst.IsNot, cst.Equal, cst.NotEqual)
+  operators = (cst.Is, cst.IsNot, cst.Equal, cst.NotEqual, cst.In, cst.NotIn)
   return all(isinstance(t.operator, operators) for t in comparison.comparisons) and any(
-    isinstance(o, cst.Call) and isinstance(o.func, cst.Name) and o.func.value == "type"
+    (isinstance(o, cst.Call) and isinstance(o.func, cst.Name) and o.func.value == "type")
+    or (isinstance(o, cst.Attribute) and o.attr.value == "__class__")
     for o in operands
   )
 
