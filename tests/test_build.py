@@ -102,8 +102,12 @@ def test_the_bazel_lock_is_closed_under_the_installed_packages_requirements():
     for text in distribution.requires or ():
       requirement = requirements.Requirement(text)
       if requirement.marker is None or requirement.marker.evaluate(_LOCK_ENVIRONMENT):
-        assert _normalized(requirement.name) in locked, (
+        name = _normalized(requirement.name)
+        assert name in locked, (
           f"{package}=={version} requires {requirement.name}, which requirements.txt lacks"
+        )
+        assert requirement.specifier.contains(locked[name], prereleases=True), (
+          f"{package}=={version} requires {text}; requirements.txt pins {locked[name]}"
         )
   if checked == 0:
     pytest.skip("no package is installed here at the lock's version")
