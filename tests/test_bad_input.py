@@ -428,6 +428,16 @@ GRADIENT_ROWS = {
     TypeError,
     lambda v: PAIRS_NAMED,
   ),
+  "tensor_for_variable": (
+    GRADIENT_FAMILIES,
+    lambda v: [(tf.ones([2]), v["a"]), (tf.ones([2]), tf.ones([2]))],
+    TypeError,
+    lambda v: [
+      re.escape("(gradient, variable) pairs"),
+      "second item is a .*Tensor, not a variable",
+      "let the function capture it",
+    ],
+  ),
   "triple": (
     GRADIENT_FAMILIES,
     lambda v: [(tf.ones([2]), v["a"], tf.ones([2]))],

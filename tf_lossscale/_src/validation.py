@@ -100,9 +100,20 @@ def gradient_pairs(grads_and_vars):
   """
   pairs = []
   for item in grads_and_vars:
-    if not (isinstance(item, (tuple, list)) and len(item) == 2 and hasattr(item[1], "assign")):
+    if not (isinstance(item, (tuple, list)) and len(item) == 2):
       raise TypeError(
         f"apply_gradients expects (gradient, variable) pairs, got a {type(item).__name__}: {item!r}"
+      )
+    if not hasattr(item[1], "assign"):
+      hint = ""
+      if isinstance(item[1], tf.Tensor):
+        hint = (
+          " (a Keras variable passed to a tf.function as an argument arrives there as a "
+          "tensor: let the function capture it instead)"
+        )
+      raise TypeError(
+        "apply_gradients expects (gradient, variable) pairs, got a pair whose second item "
+        f"is a {type(item[1]).__name__}, not a variable: {item!r}{hint}"
       )
     pairs.append(tuple(item))
   return pairs
