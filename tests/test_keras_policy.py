@@ -1,6 +1,7 @@
 """Keras dtype policies: Keras 3's re-exported, TF 2.4's deprecated experimental API rebuilt."""
 
 import logging
+import threading
 
 import keras
 import multi_worker_job as job
@@ -419,15 +420,36 @@ def test_under_tf_use_legacy_keras_a_policy_tf_keras_refuses_sets_neither(monkey
   assert tf_keras.mixed_precision.global_policy().name == "float32"
 
 
-def test_under_tf_use_legacy_keras_the_device_check_is_logged_once(caplog, monkeypatch):
-  """tf_keras's policy logs its own copy of the check; ours was said already."""
+@pytest.mark.parametrize(
+  "policies",
+  [
+    ["mixed_float16"],
+    [lambda: tf_keras.mixed_precision.Policy("mixed_float16")],  # TF 2.4's usual code
+    [lambda: keras.mixed_precision.Policy("mixed_float16"), "mixed_float16"],
+  ],
+  ids=["name", "tf_keras_policy", "keras_policy_then_name"],
+)
+def test_under_tf_use_legacy_keras_the_device_check_is_logged_once(caplog, monkeypatch, policies):
+  """tf_keras's policy logs its own copy of the check: said once by either."""
   from tf_keras.src.mixed_precision import device_compatibility_check as tf_keras_check
 
   monkeypatch.setattr(keras_policy._DeviceCheck, "logged", False)
   monkeypatch.setattr(tf_keras_check, "_logged_compatibility_check", False)
   monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
   with caplog.at_level(logging.INFO, logger="tensorflow"):
-    experimental.set_policy("mixed_float16")
+    for policy in policies:
+      experimental.set_policy(policy() if callable(policy) else policy)
+  checks = [r for r in caplog.records if "compatibility check" in r.getMessage()]
+  assert len(checks) == 1
+
+
+def test_the_filter_of_tf_keras_s_device_check_spares_other_threads(caplog, monkeypatch):
+  monkeypatch.setattr(keras_policy._DeviceCheck, "logged", False)
+  with caplog.at_level(logging.INFO, logger="tensorflow"):
+    with keras_policy._DeviceCheck.heard_once():
+      other = threading.Thread(target=keras_policy._DeviceCheck.log_once)
+      other.start()
+      other.join()
   checks = [r for r in caplog.records if "compatibility check" in r.getMessage()]
   assert len(checks) == 1
 

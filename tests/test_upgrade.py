@@ -217,18 +217,20 @@ def test_a_notebook_on_one_line_keeps_its_layout(tmp_path, line_end):
   assert path.read_bytes() == (json.dumps({"cells": cells, "nbformat": 4}) + line_end).encode()
 
 
-def test_a_notebook_splits_lines_at_newlines_alone(tmp_path):
-  """U+2028 and form feeds are text in JSON and Python: no line ends there, in the
-  file's layout or in a cell's list of lines."""
+def test_a_notebook_with_u2028_on_one_line_keeps_its_layout(tmp_path):
+  """U+2028 is text in JSON: not the line end of a second line. A rewritten cell's
+  lines are split as nbformat splits them (`str.splitlines`)."""
   cells = [
-    {"cell_type": "code", "source": ["import tensorflow as tf\n", "s = 'a\u2028b\x0cc'\n"]},
+    {"cell_type": "markdown", "source": ["a\u2028b"]},
+    {"cell_type": "code", "source": ["import tensorflow as tf\n", "s = 'a\x0cb'\n"]},
     {"cell_type": "code", "source": ["opt = tf.keras.mixed_precision.LossScaleOptimizer(o)"]},
   ]
   path = tmp_path / "one_line.ipynb"
   path.write_text(json.dumps({"cells": cells, "nbformat": 4}, ensure_ascii=False), "utf-8")
   assert _tool("--in-place", "--quiet", str(path)).returncode == 0
-  cells[0]["source"].insert(1, "import tf_lossscale\n")
-  cells[1]["source"] = ["opt = tf_lossscale.keras.mixed_precision.LossScaleOptimizer(o)"]
+  new = "import tensorflow as tf\nimport tf_lossscale\ns = 'a\x0cb'\n"
+  cells[1]["source"] = new.splitlines(keepends=True)
+  cells[2]["source"] = ["opt = tf_lossscale.keras.mixed_precision.LossScaleOptimizer(o)"]
   expected = json.dumps({"cells": cells, "nbformat": 4}, ensure_ascii=False)
   assert path.read_text("utf-8") == expected
 

@@ -124,7 +124,7 @@ class Notebook:
       if isinstance(cell.get("source"), str):
         cell["source"] = source
       else:
-        cell["source"] = _rewrite.lines(source)
+        cell["source"] = source.splitlines(keepends=True)  # as nbformat splits them
     return _dump_like(data, self.text)
 
 

@@ -128,8 +128,8 @@ def upgrade_parsed(code):
 
 
 def lines(text):
-  """`text`'s lines with their ends, split at "\n" alone as Python and Jupyter count
-  them (`str.splitlines` also splits at form feeds, U+2028 and other separators)."""
+  """`text`'s lines with their ends, split at "\n" alone, as libcst numbers them and
+  `patch` reads a diff (`str.splitlines` also splits at form feeds, U+2028, ...)."""
   return re.findall(r"[^\n]*\n|[^\n]+\Z", text)
 
 

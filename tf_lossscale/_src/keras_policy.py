@@ -22,6 +22,7 @@ import contextlib
 import importlib
 import os
 import sys
+import threading
 
 import keras
 import tensorflow as tf
@@ -112,10 +113,13 @@ class _DeviceCheck:
   @classmethod
   @contextlib.contextmanager
   def heard_once(cls):
-    """Drops tf_keras's copy of the check (same logger, same words) once ours is logged."""
+    """Drops tf_keras's copy of the check (same logger, same words) logged in
+    this thread once ours is."""
+    thread = threading.get_ident()
 
     def is_new(record):
-      return not (cls.logged and record.getMessage().startswith(cls._PREFIX))
+      other = record.thread != thread or not record.getMessage().startswith(cls._PREFIX)
+      return other or not cls.logged
 
     _logger.addFilter(is_new)
     try:
@@ -357,11 +361,15 @@ def set_policy(policy):
   if policy is None:
     policy = KerasPolicy(keras.config.floatx())
   elif not isinstance(policy, KerasPolicy):
-    if _is_tf_keras_policy(policy):  # TF 2.4's non-experimental kind: its name
+    made_by_tf_keras = _is_tf_keras_policy(policy)
+    if made_by_tf_keras:  # TF 2.4's non-experimental kind: its name
       policy = policy.name
     policy = KerasPolicy(_canonical_name(policy))
     if policy.name == "mixed_float16":  # TF 2.4's policy of that name logged it.
-      _DeviceCheck.log_once()
+      if made_by_tf_keras:  # as tf_keras's did
+        _DeviceCheck.logged = True
+      else:
+        _DeviceCheck.log_once()
   is_mixed = policy.compute_dtype != policy.variable_dtype
   if is_mixed and framework_internals.graph_rewrite_flag():
     raise ValueError(
@@ -388,6 +396,8 @@ def set_policy(policy):
     tf_keras = importlib.import_module("tf_keras")
     with _DeviceCheck.heard_once():
       tf_keras_policy = tf_keras.mixed_precision.Policy(policy.name)
+    if policy.name == "mixed_float16":  # said once by now, by either
+      _DeviceCheck.logged = True
   keras.mixed_precision.set_global_policy(policy)
   if tf_keras_policy is not None:
     tf_keras.mixed_precision.set_global_policy(tf_keras_policy)

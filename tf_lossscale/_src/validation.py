@@ -106,7 +106,7 @@ def gradient_pairs(grads_and_vars):
       )
     if not hasattr(item[1], "assign"):
       hint = ""
-      if isinstance(item[1], tf.Tensor):
+      if isinstance(item[1], tf.Tensor) and not tf.executing_eagerly():
         hint = (
           " (a Keras variable passed to a tf.function as an argument arrives there as a "
           "tensor: let the function capture it instead)"
