@@ -13,6 +13,7 @@ deliberate differences.
 """
 
 import contextlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -90,6 +91,50 @@ def test_experimental_constructor_rejects(row, family, strategy_name):
     with pytest.raises(ValueError, match=_exactly(_positive("loss_scale", value))):
       ExperimentalLSO(inner, value)
     ExperimentalLSO(inner, "dynamic")
+
+
+def _backend_message(backend):
+  return (
+    f"LossScaleOptimizer needs Keras's TensorFlow backend, but Keras {keras.__version__} runs "
+    f"on its '{backend}' backend (chosen by the KERAS_BACKEND environment variable or "
+    "keras.json), so <keras"
+  )
+
+
+@pytest.mark.parametrize("make", [LSO, lambda inner: ExperimentalLSO(inner, "dynamic")])
+def test_keras_of_another_backend_is_refused_before_anything_changes(make, monkeypatch):
+  """Under KERAS_BACKEND=jax (say), Keras 3's optimizers update jax arrays: no
+  TensorFlow op can skip their step."""
+  inner = keras.optimizers.SGD(0.1)
+  with monkeypatch.context() as patched:
+    patched.setattr(keras.backend, "backend", lambda: "jax")
+    with pytest.raises(TypeError, match=re.escape(_backend_message("jax"))):
+      make(inner)
+  make(inner)
+
+
+_BACKEND_SCRIPT = """
+import keras
+from tf_lossscale.keras import mixed_precision
+try:
+  mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+except TypeError as error:
+  print(error)
+"""
+
+
+@pytest.mark.skipif(
+  importlib.util.find_spec("jax") is None, reason="needs jax for Keras's jax backend"
+)
+def test_keras_on_the_jax_backend_is_refused():
+  result = subprocess.run(
+    [sys.executable, "-c", _BACKEND_SCRIPT],
+    capture_output=True,
+    text=True,
+    env=helpers.subprocess_env(KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3"),
+    check=True,
+  )
+  assert result.stdout.startswith(_backend_message("jax")), result.stdout + result.stderr
 
 
 def _multiplier_message(value):

@@ -175,6 +175,15 @@ class Keras3Family(base.Family):
   built_in_apply_conditional = False  # Keras 3's wrapper builds before.
 
   def __init__(self, inner):
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+      # Its optimizers update the backend's arrays, which no TensorFlow op reaches.
+      raise TypeError(
+        f"LossScaleOptimizer needs Keras's TensorFlow backend, but Keras {keras.__version__} "
+        f"runs on its {backend!r} backend (chosen by the KERAS_BACKEND environment variable "
+        f"or keras.json), so {inner} is no TensorFlow optimizer. Set "
+        "KERAS_BACKEND=tensorflow before Keras or TensorFlow is imported."
+      )
     super().__init__(inner)
     if getattr(inner, "loss_scale_factor", None) is not None:
       # Its `apply` would divide the gradients the wrapper unscaled once more
