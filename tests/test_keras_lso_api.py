@@ -529,6 +529,31 @@ def test_keras3_pickle_as_a_plain_keras3_optimizer():
   assert (float(clone.loss_scale), count(clone.dynamic_counter)) == (4.0, 2)
 
 
+@pytest.mark.skipif(
+  not hasattr(keras.optimizers.SGD, "_unpickle_model"),
+  reason="this Keras pickles no optimizer (3.0, 3.2)",
+)
+@pytest.mark.parametrize(
+  "how",
+  [copy.copy, copy.deepcopy, lambda opt: pickle.loads(pickle.dumps(opt))],
+  ids=["copy", "deepcopy", "pickle"],
+)
+def test_keras3_copies_of_the_experimental_class_keep_their_class(how):
+  """Keras 3 copies through its saving format, which loads the experimental
+  class's saved name as the non-experimental class (as TF 2.4 loaded a model)."""
+  opt = ExperimentalLSO(
+    keras.optimizers.SGD(0.5), loss_scale.DynamicLossScale(8.0, increment_period=3)
+  )
+  opt.apply_gradients([(tf.constant([float("nan")]), tf.Variable([1.0]))])
+  clone = how(opt)
+  assert type(clone) is type(opt) and isinstance(clone, ExperimentalLSO)
+  assert clone.get_config() == opt.get_config()
+  assert float(clone.loss_scale) == 4.0
+  assert type(keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(opt))) is (
+    type(LSO(keras.optimizers.SGD()))
+  )
+
+
 # --- Checkpoints -------------------------------------------------------------
 
 

@@ -103,6 +103,16 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
     )
     super().__init__(optimizer, **settings)
 
+  def __reduce_ex__(self, protocol):
+    """Copies and pickles as this class.
+
+    Keras 3 pickles its optimizers through its saving format, and that loads
+    this class's saved name (TF 2.4's, `LossScaleOptimizerV1`) as the
+    non-experimental class, as TF 2.4 loaded a saved model.
+    """
+    rebuild, arguments, *rest = super().__reduce_ex__(protocol)
+    return (_rebuilt, (rebuild, arguments), *rest)
+
   @classmethod
   def from_config(
     cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None
@@ -143,6 +153,15 @@ class LossScaleOptimizer(keras_optimizer.LossScaleOptimizer):
     if isinstance(optimizer, dict):
       optimizer = keras_optimizer.deserialize_inner(cls, optimizer, custom_objects)
     return cls(optimizer=optimizer, loss_scale=loss_scale)
+
+
+def _rebuilt(rebuild, arguments):
+  """What `rebuild(*arguments)` makes, as the experimental class (which keeps no
+  state of its own)."""
+  optimizer = rebuild(*arguments)
+  if not isinstance(optimizer, LossScaleOptimizer):
+    optimizer.__class__ = keras_optimizer.concrete_class(LossScaleOptimizer, optimizer._family)
+  return optimizer
 
 
 # TF 2.4 serialized this class under its class name, LossScaleOptimizerV1, and

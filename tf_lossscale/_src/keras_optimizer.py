@@ -196,7 +196,7 @@ def _marks(optimizer):
 _CONCRETE_CLASSES = {}
 
 
-def _concrete_class(public_cls, family):
+def concrete_class(public_cls, family):
   """The cached class `(public_cls, family.optimizer_api)`, named like `public_cls`."""
   key = (public_cls, family)
   if key not in _CONCRETE_CLASSES:
@@ -488,7 +488,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
           "LossScaleOptimizer, or subclass LossScaleOptimizer itself"
         )
       return super().__new__(cls)
-    concrete = _concrete_class(getattr(cls, "_public_class", cls), family)
+    concrete = concrete_class(getattr(cls, "_public_class", cls), family)
     instance = super().__new__(concrete)
     if not issubclass(concrete, cls):
       # `type(opt)(inner)` with an inner optimizer of another family: Python
