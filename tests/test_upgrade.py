@@ -1206,9 +1206,46 @@ def test_a_global_policy_whose_compile_wraps_keras3_optimizer_is_a_check(case):
   reported = [
     (f.line, f.kind, f.old, f.reason)
     for f in upgrade_source(source).findings
-    if f.kind != "rewrite" and f.reason != TYPE_TEST_REASON
+    if f.kind != "rewrite" and f.reason not in (TYPE_TEST_REASON, POLICY_NONE_REASON)
   ]
   assert reported == [(line, "check", old, COMPILE_WRAPS_REASON) for line, old in expected]
+
+
+POLICY_NONE_REASON = (
+  "Keras 3's `set_global_policy` raises a ValueError for None, which TF 2.4's took to reset "
+  "the global policy to its default, a policy named `tf.keras.backend.floatx()`: pass that"
+)
+
+
+def test_a_global_policy_reset_by_none_is_a_check():
+  """TF 2.4's `set_global_policy(None)` (a test's tearDown, say) reset the
+  policy; Keras 3's raises, and a policy of floatx's name is the default."""
+  source = (
+    "import tensorflow as tf\n"
+    "from tensorflow.keras import mixed_precision\n"
+    "from tensorflow.keras.mixed_precision import set_global_policy\n"
+    "tf.keras.mixed_precision.set_global_policy(None)\n"
+    "mixed_precision.set_global_policy(policy=None)\n"
+    "set_global_policy(None)\n"
+    "mixed_precision.set_global_policy('float32')\n"
+    "mixed_precision.set_global_policy(policy)\n"
+    "set_global_policy\n"
+    "tf.keras.mixed_precision.experimental.set_policy(None)\n"
+  )
+  reported = [
+    (f.line, f.kind, f.old)
+    for f in upgrade_source(source).findings
+    if f.reason == POLICY_NONE_REASON
+  ]
+  assert reported == [
+    (4, "check", "tf.keras.mixed_precision.set_global_policy"),
+    (5, "check", "mixed_precision.set_global_policy"),
+    (6, "check", "set_global_policy"),
+  ]
+  before = tf.keras.mixed_precision.global_policy()
+  with pytest.raises(ValueError):
+    tf.keras.mixed_precision.set_global_policy(None)
+  assert tf.keras.mixed_precision.global_policy() is before
 
 
 @pytest.mark.parametrize("value, noted", [("1", True), ("True", True), ("0", False), (None, False)])

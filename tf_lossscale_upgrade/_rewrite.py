@@ -630,7 +630,12 @@ class _Planner:
     has them) that still need a person's look."""
     for use in uses:
       overrides = None if alive else self._private_overrides(use)
-      reasons = (overrides, self._compile_ignores_loss_scale(use), self._type_test(use))
+      reasons = (
+        overrides,
+        self._compile_ignores_loss_scale(use),
+        self._type_test(use),
+        self._policy_none(use),
+      )
       for reason in reasons:
         if reason:
           self._report(use.node, CHECK, _dotted(use.node), reason=reason)
@@ -694,6 +699,17 @@ class _Planner:
       line, _ = self._position(self.unscaled_train_step)
       return _UNSCALED_TRAIN_STEP_REASON.format(line=line)
     return None
+
+  def _policy_none(self, use):
+    """Why `set_global_policy(None)` needs a look: Keras 3's refuses None."""
+    target = _names.NAMES.get(use.name)
+    call = self.parents.get(use.node)
+    if target is None or target.name != _SET_GLOBAL_POLICY:
+      return None
+    if not (isinstance(call, cst.Call) and call.func is use.node):
+      return None
+    policy = _argument(call, 0, "policy")
+    return _POLICY_NONE_REASON if _is_none(policy) else None
 
   def _type_test(self, use):
     """Why a type test of the Keras `LossScaleOptimizer` needs a look:
@@ -875,6 +891,10 @@ _COMPILE_WRAPS_REASON = (
   "`isinstance(self.optimizer, LossScaleOptimizer)` in a `train_step`), pass "
   "`LossScaleOptimizer(optimizer)` from tf_lossscale.keras.mixed_precision to `compile`"
 )
+_POLICY_NONE_REASON = (
+  "Keras 3's `set_global_policy` raises a ValueError for None, which TF 2.4's took to reset "
+  "the global policy to its default, a policy named `tf.keras.backend.floatx()`: pass that"
+)
 # TF 2.4's `compile` wrapped in this class under 'mixed_float16' (in the experimental
 # one only for an experimental policy's fixed loss scale: `set_policy`'s check).
 _OUR_KERAS_LSO = frozenset(("tf_lossscale.keras.mixed_precision.LossScaleOptimizer",))
@@ -983,6 +1003,10 @@ def _without_loss_scale(policy):
       return False
     policy = _argument(policy, 0, "name")
   return isinstance(policy, cst.SimpleString) and policy.evaluated_value != "mixed_float16"
+
+
+def _is_none(node):
+  return isinstance(node, cst.Name) and node.value == "None"
 
 
 def _not_mixed_float16(policy):

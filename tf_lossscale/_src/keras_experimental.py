@@ -160,7 +160,9 @@ def _rebuilt(rebuild, arguments):
   state of its own)."""
   optimizer = rebuild(*arguments)
   if not isinstance(optimizer, LossScaleOptimizer):
-    optimizer.__class__ = keras_optimizer.concrete_class(LossScaleOptimizer, optimizer._family)
+    optimizer.__class__ = keras_optimizer.concrete_class(
+      LossScaleOptimizer, families.for_optimizer(optimizer.inner_optimizer)
+    )
   return optimizer
 
 
