@@ -981,6 +981,17 @@ CASES = {
     "import tensorflow as tf\r\nimport tf_lossscale\r\n"
     "x = tf_lossscale.mixed_precision.experimental.LossScale\r\n",
   ),
+  # libcst drops the last line end of such a file.
+  "classic Mac line endings": (
+    "import tensorflow as tf\rx = tf.mixed_precision.experimental.LossScale\r\r",
+    "import tensorflow as tf\rimport tf_lossscale\r"
+    "x = tf_lossscale.mixed_precision.experimental.LossScale\r\r",
+  ),
+  "classic Mac line endings, no blank line last": (
+    "import tensorflow as tf\rx = tf.mixed_precision.experimental.LossScale\r",
+    "import tensorflow as tf\rimport tf_lossscale\r"
+    "x = tf_lossscale.mixed_precision.experimental.LossScale\r",
+  ),
 }
 
 

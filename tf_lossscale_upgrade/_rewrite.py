@@ -123,8 +123,14 @@ def upgrade_parsed(code):
   plan.run()
   if not plan.changes():
     return Result(code, tuple(plan.findings))
-  new_module = plan.wrapper.module.visit(_Applier(plan))
-  return Result(new_module.code, tuple(plan.findings))
+  new_code = plan.wrapper.module.visit(_Applier(plan)).code
+  # libcst (1.9, checked) drops the last line end of a file whose line ends are "\r".
+  new_code += "\r" * (_trailing_returns(code) - _trailing_returns(new_code))
+  return Result(new_code, tuple(plan.findings))
+
+
+def _trailing_returns(text):
+  return len(text) - len(text.rstrip("\r"))
 
 
 def lines(text):
