@@ -219,6 +219,12 @@ def test_the_migration_tool_imports_neither_tensorflow_nor_the_library():
 def test_speed_up_fallbacks_answer_as_their_docstrings_say(monkeypatch):
   import tensorflow as tf
 
+  from tf_lossscale._src import algorithm, scale_state
+
+  assert framework_internals.op_callbacks_active() is False
+  monkeypatch.setattr(framework_internals, "op_callbacks", None)
+  assert framework_internals.op_callbacks_active() is None
+  assert scale_state._impl() is algorithm
   monkeypatch.setattr(framework_internals, "control_flow_util", None)
   assert framework_internals.in_xla_context(tf.compat.v1.get_default_graph()) is None
   assert framework_internals.in_v1_control_flow(object()) is None

@@ -610,3 +610,81 @@ def test_saver_names_under_a_fixed_scale_are_tf24s_plain_names(control_flow):
   ours, theirs = helpers.program_output(_FIXED_SCALE_NAMES_PROGRAM, control_flow)
   assert {"Adam/iter", "Adam/var/m", "Adam/var/v"} <= set(theirs)
   assert ours == theirs
+
+
+# Check-numerics raises at any op whose float output is not finite: the quick
+# check's sums (of a NaN gradient, or of finite ones that overflow) and Keras
+# 3's all-reduce, an op even with one replica, would raise where the step must
+# be skipped or applied. Run apart: the mode is process-wide.
+_CHECK_NUMERICS_SCRIPT = """
+import json
+import numpy as np
+import tensorflow as tf
+import keras
+import tf_keras
+import tf_lossscale
+from tf_lossscale.compat.v1.mixed_precision import MixedPrecisionLossScaleOptimizer
+
+tf.debugging.enable_check_numerics()
+results = {}
+steps = {"nan": [float("nan"), 1.0], "overflowing_sum": [3e38, 3e38]}
+
+
+def keras_run(make, mode):
+  opt, var = make(), tf.Variable([1.0, 2.0])
+
+  def step(grad):
+    opt.apply_gradients([(grad, var)])
+
+  step = tf.function(step) if mode == "function" else step
+  out = {}
+  for name, grad in steps.items():
+    step(tf.constant(grad))
+    out[name] = [var.numpy().tolist(), float(opt.loss_scale), int(opt.iterations)]
+  return out
+
+
+makes = {
+  "ours_keras3": lambda: tf_lossscale.LossScaleOptimizer(keras.optimizers.SGD(0.0)),
+  "ours_tf_keras": lambda: tf_lossscale.LossScaleOptimizer(tf_keras.optimizers.legacy.SGD(0.0)),
+  "peer_tf_keras": lambda: tf_keras.mixed_precision.LossScaleOptimizer(
+    tf_keras.optimizers.legacy.SGD(0.0)
+  ),
+}
+for name, make in makes.items():
+  results[name + "_eager"] = keras_run(make, "eager")
+results["ours_keras3_function"] = keras_run(makes["ours_keras3"], "function")
+for name, cls in (("ours", tf_lossscale.DynamicLossScale),
+                  ("peer", tf.compat.v1.mixed_precision.DynamicLossScale)):
+  scale = cls()
+  results[name + "_legacy"] = [bool(scale.update([tf.constant(g)])[1]) for g in steps.values()]
+applied = []
+for cls in (
+  MixedPrecisionLossScaleOptimizer, tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
+):
+  with tf.Graph().as_default():
+    var = tf.compat.v1.Variable([1.0, 2.0], use_resource=True)
+    opt = cls(tf.compat.v1.train.GradientDescentOptimizer(1.0), "dynamic")
+    step = opt.apply_gradients([(tf.constant(steps["overflowing_sum"]), var)])
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(step)
+      applied.append(session.run(var).tolist())
+results["compat_v1"] = applied
+print(json.dumps(results))
+"""
+
+
+def test_check_numerics_sees_a_skipped_step_as_the_peers_do():
+  results = helpers.program_output(_CHECK_NUMERICS_SCRIPT)
+  skipped_then_applied = {
+    "nan": [[1.0, 2.0], 16384.0, 1],
+    "overflowing_sum": [[1.0, 2.0], 16384.0, 2],
+  }
+  assert results.pop("peer_tf_keras_eager") == skipped_then_applied
+  for name in ("ours_keras3_eager", "ours_tf_keras_eager", "ours_keras3_function"):
+    assert results.pop(name) == skipped_then_applied, name
+  assert results.pop("ours_legacy") == results.pop("peer_legacy") == [False, True]
+  ours, theirs = results.pop("compat_v1")
+  assert ours == theirs and ours[0] < -1e38  # Applied.
+  assert not results

@@ -37,6 +37,7 @@ TF1 graphs.
 """
 
 import dataclasses
+import math
 
 import tensorflow as tf
 
@@ -63,6 +64,10 @@ class ScaleSettings:
   min_scale: float = 1.0
   max_scale: float = float("inf")
   hysteresis: int = 1
+
+
+def _is_inf(value):
+  return isinstance(value, (int, float)) and math.isinf(value)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -107,7 +112,8 @@ def next_scale_and_counter(scale, counter, finite, settings):
   grows = good >= tf.cast(settings.growth_steps, tf.int64)
   grown = scale * multiplier
   grown = tf.where(tf.math.is_finite(grown), grown, scale)
-  grown = tf.minimum(grown, tf.cast(settings.max_scale, tf.float32))
+  if not _is_inf(settings.max_scale):  # No bound, no op (check-numerics refuses an Inf constant).
+    grown = tf.minimum(grown, tf.cast(settings.max_scale, tf.float32))
   run = tf.maximum(-counter, zero) + 1
   shrinks = run >= hysteresis
   shrunk = tf.maximum(scale / multiplier, tf.cast(settings.min_scale, tf.float32))

@@ -32,6 +32,10 @@ import tensorflow as tf
 # Imported here, not where used, so that each use below is one look-up; a
 # module that is gone only turns its speed-up off.
 try:
+  from tensorflow.python.framework import op_callbacks
+except ImportError:
+  op_callbacks = None
+try:
   from tensorflow.python.ops import control_flow_util
 except ImportError:
   control_flow_util = None
@@ -140,6 +144,19 @@ def in_xla_context(graph):
   """
   check = getattr(control_flow_util, "GraphOrParentsInXlaContext", None)
   return None if check is None else bool(check(graph))
+
+
+def op_callbacks_active():
+  """Whether TensorFlow hands the ops made now, in this thread, to op callbacks
+  (`tf.debugging.enable_check_numerics`, tfdbg's `enable_dump_debug_info`),
+  which see every output: check-numerics raises at any float op whose output
+  is not finite.
+
+  Relies on `tensorflow.python.framework.op_callbacks.should_invoke_op_callbacks`
+  (TF >= 2.2). Missing: None, and callers take their plain path.
+  """
+  check = getattr(op_callbacks, "should_invoke_op_callbacks", None)
+  return None if check is None else bool(check())
 
 
 def in_v1_control_flow(graph):

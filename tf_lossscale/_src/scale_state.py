@@ -5,6 +5,10 @@ Every API of this package updates a dynamic loss scale through
 gradients with `unscale_gradients` and branches with `cond`. Each of these
 runs `fast_paths` while they are enabled and the plain `algorithm`
 otherwise, with the same numbers: this module is the only place that chooses.
+It chooses the plain `algorithm` also while TensorFlow hands every op to op
+callbacks (`tf.debugging.enable_check_numerics`): the speed-ups sum and stack
+gradients, and check-numerics would raise there at a NaN gradient, or at a
+sum of finite ones that overflows, where the step must be skipped or applied.
 
 Scaling gives the numbers TF 2.4 gave: the loss is multiplied by the scale
 cast to the loss's dtype; each gradient by the scale's float32 reciprocal
@@ -15,11 +19,13 @@ import contextlib
 
 import tensorflow as tf
 
-from tf_lossscale._src import algorithm, fast_paths
+from tf_lossscale._src import algorithm, fast_paths, framework_internals
 
 
 def _impl():
-  return fast_paths if fast_paths.enabled() else algorithm
+  if fast_paths.enabled() and framework_internals.op_callbacks_active() is False:
+    return fast_paths
+  return algorithm
 
 
 @tf.autograph.experimental.do_not_convert
