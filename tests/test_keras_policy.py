@@ -284,12 +284,17 @@ def test_set_policy_with_a_name_sets_a_plain_policy(name):
   assert policy.name == name
 
 
-def test_set_policy_takes_a_tf_keras_policy_by_its_name():
+def test_set_policy_takes_a_tf_keras_policy_by_its_name(monkeypatch):
   """tf_keras's `Policy` is TF 2.4's non-experimental one, which TF 2.4's
-  `set_policy` took; it was refused as "'name' must be a string"."""
+  `set_policy` took; it was refused as "'name' must be a string". Given one,
+  tf_keras's layers are to use it: tf_keras's global policy is set too."""
+  monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
   experimental.set_policy(tf_keras.mixed_precision.Policy("mixed_float16"))
   policy = keras.mixed_precision.global_policy()
   assert not isinstance(policy, experimental.Policy) and policy.name == "mixed_float16"
+  assert tf_keras.layers.Dense(1).compute_dtype == "float16"
+  experimental.set_policy("float32")
+  assert tf_keras.layers.Dense(1).compute_dtype == "float16"  # A name sets Keras 3's only.
 
 
 def test_set_policy_none_restores_floatx():
@@ -521,6 +526,25 @@ def test_wrap_optimizer_for_policy_makes_a_named_optimizer_of_the_model_s_framew
   assert isinstance(opt.inner_optimizer, tf_keras.optimizers.SGD)
   model.compile(optimizer=opt, loss="mse")
   assert model.optimizer is opt
+
+
+@pytest.mark.parametrize("given", ["model", "global policy"])
+def test_under_tf_use_legacy_keras_a_tf_keras_model_gets_the_experimental_policy_s_scale(
+  monkeypatch, given
+):
+  """There `tf.keras` is tf_keras: its layers have tf_keras's policy of the
+  experimental one's name, and TF 2.4's `compile` took the loss scale from theirs."""
+  monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+  policy = experimental.Policy("mixed_float16", 256)
+  experimental.set_policy(policy)
+  model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
+  assert experimental.get_layer_policy(model.layers[0]) is policy
+  opt = experimental.wrap_optimizer_for_policy("sgd", *([model] if given == "model" else []))
+  assert isinstance(opt.inner_optimizer, tf_keras.optimizers.SGD)
+  assert (opt.dynamic, float(opt.loss_scale)) == (False, 256.0)
+  model.compile(optimizer=opt, loss="mse")
+  assert model.optimizer is opt
+  experimental.set_policy(None)
 
 
 @pytest.mark.parametrize("policy", [3, object()])

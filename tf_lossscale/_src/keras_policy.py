@@ -23,6 +23,7 @@ import importlib
 import os
 import sys
 import threading
+import weakref
 
 import keras
 import tensorflow as tf
@@ -38,6 +39,10 @@ set_global_policy = keras.mixed_precision.set_global_policy
 _logger = tf.get_logger()
 
 _MIXED_NAMES = ("mixed_float16", "mixed_bfloat16")
+
+# The experimental `Policy` that `set_policy` set, by the tf_keras policy it set
+# beside it: a tf_keras layer built then has that one as its `dtype_policy`.
+_EXPERIMENTAL_BY_TF_KERAS_POLICY = weakref.WeakKeyDictionary()
 
 # The names TF 2.3 removed, with the policy TF 2.4's error message suggested.
 _REMOVED_POLICY_ADVICE = {
@@ -349,6 +354,9 @@ def set_policy(policy):
   FixedLossScale(1024.0)
   >>> mixed_precision.set_policy('float32')
 
+  Under `TF_USE_LEGACY_KERAS=1` (`tf.keras` is tf_keras) or for a tf_keras
+  `Policy`, tf_keras's global policy is set too, to a policy of that name.
+
   Args:
     policy: A `Policy` (experimental or Keras 3's; tf_keras's is taken by
       its name), a policy name, or None.
@@ -358,10 +366,10 @@ def set_policy(policy):
       rewrite is enabled, or if its compute dtype is not floating-point.
     TypeError: If `policy` is neither a policy, a string nor None.
   """
+  made_by_tf_keras = _is_tf_keras_policy(policy)
   if policy is None:
     policy = KerasPolicy(keras.config.floatx())
   elif not isinstance(policy, KerasPolicy):
-    made_by_tf_keras = _is_tf_keras_policy(policy)
     if made_by_tf_keras:  # TF 2.4's non-experimental kind: its name
       policy = policy.name
     policy = KerasPolicy(_canonical_name(policy))
@@ -391,7 +399,7 @@ def set_policy(policy):
       f"{policy.name}"
     )
   tf_keras_policy = None
-  if _keras_2_is_tf_keras():  # `tf.keras` layers read tf_keras's global policy.
+  if _keras_2_is_tf_keras() or made_by_tf_keras:  # tf_keras layers read tf_keras's.
     # Made first: a name tf_keras refuses sets neither global policy.
     tf_keras = importlib.import_module("tf_keras")
     with _DeviceCheck.heard_once():
@@ -401,6 +409,8 @@ def set_policy(policy):
   keras.mixed_precision.set_global_policy(policy)
   if tf_keras_policy is not None:
     tf_keras.mixed_precision.set_global_policy(tf_keras_policy)
+    if isinstance(policy, Policy):
+      _EXPERIMENTAL_BY_TF_KERAS_POLICY[tf_keras_policy] = policy
   # TF's flag is shared with tf_keras's `set_global_policy`: mixed if either is.
   framework_internals.set_using_mixed_precision_policy(is_mixed or _tf_keras_policy_is_mixed())
   if isinstance(policy, Policy) and not _compile_scales_as_tf24(policy):
@@ -465,6 +475,15 @@ def _is_layer(obj):
   return tf_keras is not None and isinstance(obj, tf_keras.layers.Layer)
 
 
+def _layer_policy(layer):
+  """`layer.dtype_policy`, or for a tf_keras layer built under an experimental
+  policy `set_policy` set, that policy."""
+  policy = layer.dtype_policy
+  if isinstance(layer, keras.layers.Layer):
+    return policy
+  return _EXPERIMENTAL_BY_TF_KERAS_POLICY.get(policy, policy)
+
+
 def get_layer_policy(layer):
   """Returns the dtype policy of a layer.
 
@@ -479,14 +498,15 @@ def get_layer_policy(layer):
     layer: A Keras 3 (or tf_keras) layer.
 
   Returns:
-    `layer.dtype_policy`.
+    `layer.dtype_policy` (for a tf_keras layer built under an experimental
+    policy that `set_policy` set, that policy).
 
   Raises:
     ValueError: If `layer` is not a layer.
   """
   if not _is_layer(layer):
     raise ValueError(f"get_policy can only be called on a layer, but got: {layer}")
-  return layer.dtype_policy
+  return _layer_policy(layer)
 
 
 def _is_loss_scale_optimizer(optimizer):
@@ -526,8 +546,9 @@ def wrap_optimizer_for_policy(optimizer, policy=None):
 
   Args:
     optimizer: A Keras optimizer, or an optimizer identifier such as
-      `'sgd'` (for `keras.optimizers.get`, or tf_keras's for a tf_keras
-      layer or model as `policy`).
+      `'sgd'` (for `keras.optimizers.get`; tf_keras's for a tf_keras layer
+      or model as `policy`, or, but for a Keras 3 one, under
+      `TF_USE_LEGACY_KERAS=1`).
     policy: The dtype policy deciding the wrapping: a policy, a Keras layer
       or model (its `dtype_policy`, which TF 2.4's `compile` used), a policy
       name, or None for the global policy.
@@ -538,15 +559,14 @@ def wrap_optimizer_for_policy(optimizer, policy=None):
   Raises:
     TypeError: If `policy` is none of those.
   """
-  optimizers = keras.optimizers
+  tf_keras_optimizers = _keras_2_is_tf_keras()
   if policy is None:
     policy = global_policy()
   elif isinstance(policy, str):
     policy = KerasPolicy(_canonical_name(policy))
   elif _is_layer(policy):
-    if not isinstance(policy, keras.layers.Layer):  # A tf_keras layer or model.
-      optimizers = sys.modules["tf_keras"].optimizers
-    policy = policy.dtype_policy
+    tf_keras_optimizers = not isinstance(policy, keras.layers.Layer)
+    policy = _layer_policy(policy)
   if not isinstance(getattr(policy, "name", None), str) or not hasattr(policy, "compute_dtype"):
     raise TypeError(
       "policy must be a dtype policy, a Keras layer or model, a policy name or None, "
@@ -559,7 +579,8 @@ def wrap_optimizer_for_policy(optimizer, policy=None):
   else:
     loss_scale = None
   if isinstance(optimizer, (str, dict)):
-    optimizer = optimizers.get(optimizer)
+    keras_module = importlib.import_module("tf_keras") if tf_keras_optimizers else keras
+    optimizer = keras_module.optimizers.get(optimizer)
   if loss_scale is None or _is_loss_scale_optimizer(optimizer):
     return optimizer
   if isinstance(loss_scale, str):
