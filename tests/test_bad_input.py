@@ -559,6 +559,39 @@ def test_bad_gradients_raise_before_anything_changes(row, family, strategy_name,
   check_bad_gradients(row, family, strategy_name, mode)
 
 
+def _keras3_layer_variables_are_keras_variables():
+  layer = keras.layers.Dense(1)
+  layer.build((None, 2))
+  return isinstance(layer.kernel, keras.Variable)
+
+
+@pytest.mark.skipif(
+  not _keras3_layer_variables_are_keras_variables(),
+  reason="keras.Variable is not the class of a layer's variables before Keras 3.9",
+)
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
+@pytest.mark.parametrize("family", ["tf_keras", "tf_keras_new"])
+def test_a_keras3_model_s_variable_for_a_tf_keras_inner_is_refused_before_anything_changes(
+  family, strategy_name
+):
+  """tf_keras's optimizers fail deep inside on a Keras 3 variable (tf_keras's own
+  wrapper too), under MirroredStrategy in TensorFlow's all-reduce."""
+  with shared_strategy(strategy_name).scope():
+    layer = keras.layers.Dense(1, kernel_initializer="ones")
+    layer.build((None, 2))
+    opt = LSO(make_inner(family))
+  before = layer.kernel.numpy().tolist()
+  message = (
+    f"apply_gradients got the Keras 3 variable '{layer.kernel.path}', which the inner SGD, a "
+    "tf_keras optimizer, cannot update: for a Keras 3 model wrap a Keras 3 optimizer"
+  )
+  grads = [(tf.ones([2, 1]), layer.kernel), (tf.ones([1]), layer.bias)]
+  with pytest.raises(TypeError, match=re.escape(message)):
+    shared_strategy(strategy_name).run(opt.apply_gradients, args=(grads,))
+  assert layer.kernel.numpy().tolist() == before
+  assert (count(opt.iterations), float(opt.loss_scale)) == (0, 32768.0)
+
+
 def test_a_keras_variable_given_to_a_function_as_an_argument_is_named():
   """It arrives as a tensor, and the pair was printed without a word why."""
   opt = LSO(keras.optimizers.SGD(0.1))

@@ -1008,13 +1008,22 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       The pairs, as a list of tuples.
 
     Raises:
-      TypeError: For an item that is not a (gradient, variable) pair, or a
-        gradient whose dtype the inner optimizer cannot take.
+      TypeError: For an item that is not a (gradient, variable) pair, a
+        gradient whose dtype the inner optimizer cannot take, or a Keras 3
+        variable for a tf_keras inner optimizer.
       ValueError: If no gradient is given (an empty list only where the
         inner optimizer refuses one), or one does not fit its variable's
         shape.
     """
     pairs = validation.gradient_pairs(grads_and_vars)
+    keras3 = [v for _, v in pairs if families.is_keras3_variable(v)]
+    if keras3 and not self._family.updates_keras3_variables:
+      raise TypeError(
+        f"apply_gradients got the Keras 3 variable {_path(keras3[0])!r}, which the inner "
+        f"{type(self._optimizer).__name__}, a tf_keras optimizer, cannot update: for a Keras 3 "
+        "model wrap a Keras 3 optimizer (`keras.optimizers`, or `tf.keras.optimizers` without "
+        "TF_USE_LEGACY_KERAS), or build the model with tf_keras"
+      )
     if not pairs and self._family.applies_no_gradients:
       return pairs
     if all(g is None for g, _ in pairs):

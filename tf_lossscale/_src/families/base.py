@@ -32,6 +32,15 @@ def overwritten_with_gradient(variable):
   return bool(getattr(variable, "overwrite_with_gradient", False))
 
 
+def is_keras3_variable(variable):
+  """Whether `variable` is a Keras 3 variable (a Keras 3 layer's or model's).
+
+  Before Keras 3.9 (3.6 checked) `keras.Variable` is a class of its own, not
+  the one of a layer's variables: False for those there.
+  """
+  return isinstance(variable, keras.Variable)
+
+
 def tf24_hyperparameters(optimizer, classes):
   """Names of `optimizer`'s attributes that TF 2.4 treated as hyperparameters.
 
@@ -77,6 +86,9 @@ class Family(abc.ABC):
       inner optimizer's variables in its apply's conditional under a dynamic
       scale (TF 2.4's, for an OptimizerV2): in a graph they are then named
       as there (`scale_state.tf24_apply_name_scope`), for a name-based `Saver`.
+    updates_keras3_variables: Whether the inner optimizer can update Keras 3
+      variables (`keras.Variable`, a Keras 3 model's): else `apply_gradients`
+      refuses them before anything changes (tf_keras's fail deep inside).
   """
 
   optimizer_api = None
@@ -84,6 +96,7 @@ class Family(abc.ABC):
   returns_step_op = None
   applies_no_gradients = None
   built_in_apply_conditional = None
+  updates_keras3_variables = None
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
@@ -100,6 +113,7 @@ class Family(abc.ABC):
         "returns_step_op",
         "applies_no_gradients",
         "built_in_apply_conditional",
+        "updates_keras3_variables",
       )
       if getattr(cls, name) is None
     ]

@@ -173,6 +173,7 @@ class Keras3Family(base.Family):
   returns_step_op = False
   applies_no_gradients = False  # Keras 3's apply fails on one (not enough values to unpack).
   built_in_apply_conditional = False  # Keras 3's wrapper builds before.
+  updates_keras3_variables = True
 
   def __init__(self, inner):
     backend = keras.backend.backend()

@@ -66,6 +66,7 @@ class TfKerasFamily(base.Family):
   returns_step_op = False  # As tf_keras's own wrapper of these optimizers.
   applies_no_gradients = True  # As its plain apply (tf_keras's own wrapper fails).
   built_in_apply_conditional = False  # tf_keras's wrapper builds before it.
+  updates_keras3_variables = False
 
   def __init__(self, inner):
     super().__init__(inner)

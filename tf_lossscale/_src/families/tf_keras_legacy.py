@@ -121,6 +121,7 @@ class OptimizerV2Family(base.Family):
   returns_step_op = True  # TF 2.4's: TF1 graphs and Sessions run it.
   applies_no_gradients = True  # OptimizerV2 returns a no-op, TF 2.4's wrapper counted a step.
   built_in_apply_conditional = True  # TF 2.4's `cond_1/Adam/iter`.
+  updates_keras3_variables = False
 
   def __init__(self, inner):
     super().__init__(inner)
