@@ -554,6 +554,16 @@ def test_keras3_copies_of_the_experimental_class_keep_their_class(how):
   )
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_repr_names_the_inner_optimizer(family):
+  """So that the other Keras's `compile`, which refuses it with its repr, shows
+  which Keras the wrapper is for."""
+  inner = make_inner(family)
+  opt = LSO(inner)
+  assert repr(opt) == f"<LossScaleOptimizer at {id(opt):#x} wrapping {inner!r}>"
+  assert type(inner).__module__.split(".")[0] in repr(opt)
+
+
 # --- Checkpoints -------------------------------------------------------------
 
 

@@ -1107,6 +1107,15 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     name = "learning_rate" if name == "lr" else name
     return name if name in adapter.hyperparameter_names() else None
 
+  def __repr__(self):
+    """Names the inner optimizer, hence which Keras the wrapper is for (an
+    error of the other Keras's `compile` shows it)."""
+    try:
+      inner = object.__getattribute__(self, "_optimizer")
+    except AttributeError:  # Not initialized.
+      return object.__repr__(self)
+    return f"<{type(self).__name__} at {id(self):#x} wrapping {inner!r}>"
+
   def __getattr__(self, name):
     # Only reached when normal lookup fails.
     hyper = None if name.startswith("__") else self._delegated_hyperparameter(name)
