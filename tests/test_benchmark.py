@@ -501,8 +501,9 @@ def test_ops_counted_on_the_host_and_on_a_gpu(benchmark):
 def test_ops_run_per_step_count_what_a_step_runs(benchmark, family, monkeypatch):
   """The executor's ops one step runs (on a GPU each a kernel launch): a
   step of ours runs its state's transition for its own verdict in the
-  branch taken (`fast_paths._state_in_branches`), at least 15 ops fewer than
-  the transition for either verdict after the conditional did."""
+  branch taken (`fast_paths._state_in_branches`), at least 14 ops fewer than
+  the transition for either verdict after the conditional did (the plain
+  algorithm's, which makes no bound op for an unbounded scale)."""
   from tf_lossscale._src import fast_paths
 
   args = benchmark.parse_args(["--workloads=tiny", "--modes=function", "--optimizer=momentum"])
@@ -518,4 +519,4 @@ def test_ops_run_per_step_count_what_a_step_runs(benchmark, family, monkeypatch)
   assert 0 < plain < gated < ours  # floor+cond adds the check, ours the scale
   if fast_paths.enabled():
     monkeypatch.setattr(fast_paths, "_state_in_branches", lambda: False)
-    assert ops("ours") >= ours + 15
+    assert ops("ours") >= ours + 14

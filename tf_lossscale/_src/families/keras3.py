@@ -266,10 +266,7 @@ class Keras3Family(base.Family):
     return [v for v in variables if not framework_internals.keras3_knows_variable(self.inner, v)]
 
   def reduce_gradients(self, grads_and_vars):
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-      # Nothing to sum; Keras 3's sum would still be an op, one that
-      # `tf.debugging.enable_check_numerics` checks before the step can be skipped.
+    if tf.distribute.get_replica_context() is None:
       return grads_and_vars
     # A variable Keras 3 overwrites with its "gradient" (float8 training's
     # scales) takes it before Keras 3 reduces the others: never summed.
