@@ -13,7 +13,6 @@ deliberate differences.
 """
 
 import contextlib
-import importlib.util
 import os
 import re
 import subprocess
@@ -111,30 +110,6 @@ def test_keras_of_another_backend_is_refused_before_anything_changes(make, monke
     with pytest.raises(TypeError, match=re.escape(_backend_message("jax"))):
       make(inner)
   make(inner)
-
-
-_BACKEND_SCRIPT = """
-import keras
-from tf_lossscale.keras import mixed_precision
-try:
-  mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1))
-except TypeError as error:
-  print(error)
-"""
-
-
-@pytest.mark.skipif(
-  importlib.util.find_spec("jax") is None, reason="needs jax for Keras's jax backend"
-)
-def test_keras_on_the_jax_backend_is_refused():
-  result = subprocess.run(
-    [sys.executable, "-c", _BACKEND_SCRIPT],
-    capture_output=True,
-    text=True,
-    env=helpers.subprocess_env(KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3"),
-    check=True,
-  )
-  assert result.stdout.startswith(_backend_message("jax")), result.stdout + result.stderr
 
 
 def _multiplier_message(value):

@@ -293,8 +293,13 @@ def test_set_policy_takes_a_tf_keras_policy_by_its_name(monkeypatch):
   policy = keras.mixed_precision.global_policy()
   assert not isinstance(policy, experimental.Policy) and policy.name == "mixed_float16"
   assert tf_keras.layers.Dense(1).compute_dtype == "float16"
+  experimental.set_policy(None)  # Both reset, as TF 2.4's one global policy.
+  assert tf_keras.layers.Dense(1).compute_dtype == "float32"
+  experimental.set_policy("mixed_float16")
+  assert tf_keras.layers.Dense(1).compute_dtype == "float16"
+  tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")  # Not ours any more: kept.
   experimental.set_policy("float32")
-  assert tf_keras.layers.Dense(1).compute_dtype == "float16"  # A name sets Keras 3's only.
+  assert tf_keras.mixed_precision.global_policy().name == "mixed_bfloat16"
 
 
 def test_set_policy_none_restores_floatx():

@@ -613,11 +613,13 @@ def test_saver_names_under_a_fixed_scale_are_tf24s_plain_names(control_flow):
 
 
 # Check-numerics raises at any op whose float output is not finite: the quick
-# check's sums (of a NaN gradient, or of finite ones that overflow) and, in a
-# function, an Inf constant would raise where the step must be skipped or
-# applied. (A NaN gradient handed to a function raises at the all-reduce, an op
-# even with one replica, of Keras 3 and tf_keras alike.) Run apart: the mode is
-# process-wide.
+# check's sums (of a NaN gradient, or of finite ones that overflow), in a
+# function an Inf constant, and a scale of 2**127 times 2 on a step that does
+# not grow it would raise where the step must be skipped or applied. (A NaN
+# gradient handed to a function raises at the all-reduce, an op even with one
+# replica, with a tf_keras inner as with tf_keras's class, and with a Keras 3
+# inner, where Keras 3's class checks before its all-reduce.) Run apart: the
+# mode is process-wide.
 _CHECK_NUMERICS_SCRIPT = """
 import json
 import numpy as np
@@ -662,6 +664,9 @@ for name, cls in (("ours", tf_lossscale.DynamicLossScale),
                   ("peer", tf.compat.v1.mixed_precision.DynamicLossScale)):
   scale = cls()
   results[name + "_legacy"] = [bool(scale.update([tf.constant(g)])[1]) for g in steps.values()]
+  huge = cls(initial_loss_scale=2.0**127, increment_period=1000)
+  update = tf.function(lambda grad, huge=huge: huge.update([grad])[1])
+  results[name + "_legacy_huge"] = [bool(update(tf.constant([1.0]))), float(huge())]
 applied = []
 for cls in (
   MixedPrecisionLossScaleOptimizer, tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
@@ -690,6 +695,7 @@ def test_check_numerics_sees_a_skipped_step_as_the_peers_do():
     assert results.pop(f"{name}_eager") == skipped_then_applied, name
     assert results.pop(f"{name}_function") == applied, name
   assert results.pop("ours_legacy") == results.pop("peer_legacy") == [False, True]
+  assert results.pop("ours_legacy_huge") == results.pop("peer_legacy_huge") == [True, 2.0**127]
   ours, theirs = results.pop("compat_v1")
   assert ours == theirs and ours[0] < -1e38  # Applied.
   assert not results

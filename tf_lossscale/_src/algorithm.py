@@ -110,7 +110,9 @@ def next_scale_and_counter(scale, counter, finite, settings):
   zero = tf.zeros_like(counter)
   good = tf.maximum(counter, zero) + 1
   grows = good >= tf.cast(settings.growth_steps, tf.int64)
-  grown = scale * multiplier
+  # Multiplied only on a step that grows the scale, as in TF 2.4: another
+  # product may overflow, which `tf.debugging.enable_check_numerics` refuses.
+  grown = tf.where(tf.logical_and(finite, grows), scale, tf.ones_like(scale)) * multiplier
   grown = tf.where(tf.math.is_finite(grown), grown, scale)
   if not _is_inf(settings.max_scale):  # No bound, no op (check-numerics refuses an Inf constant).
     grown = tf.minimum(grown, tf.cast(settings.max_scale, tf.float32))

@@ -40,9 +40,10 @@ _logger = tf.get_logger()
 
 _MIXED_NAMES = ("mixed_float16", "mixed_bfloat16")
 
-# The experimental `Policy` that `set_policy` set, by the tf_keras policy it set
-# beside it: a tf_keras layer built then has that one as its `dtype_policy`.
-_EXPERIMENTAL_BY_TF_KERAS_POLICY = weakref.WeakKeyDictionary()
+# Each tf_keras global policy `set_policy` set, to the experimental `Policy` it
+# set beside it (a tf_keras layer built then has that one as its
+# `dtype_policy`), else None.
+_SET_TF_KERAS_POLICIES = weakref.WeakKeyDictionary()
 
 # The names TF 2.3 removed, with the policy TF 2.4's error message suggested.
 _REMOVED_POLICY_ADVICE = {
@@ -354,8 +355,10 @@ def set_policy(policy):
   FixedLossScale(1024.0)
   >>> mixed_precision.set_policy('float32')
 
-  Under `TF_USE_LEGACY_KERAS=1` (`tf.keras` is tf_keras) or for a tf_keras
-  `Policy`, tf_keras's global policy is set too, to a policy of that name.
+  Under `TF_USE_LEGACY_KERAS=1` (`tf.keras` is tf_keras), for a tf_keras
+  `Policy`, and while tf_keras's global policy is one this function set (a
+  `set_policy(None)` after a tf_keras `Policy`), tf_keras's global policy is
+  set too, to a policy of that name.
 
   Args:
     policy: A `Policy` (experimental or Keras 3's; tf_keras's is taken by
@@ -399,8 +402,9 @@ def set_policy(policy):
       f"{policy.name}"
     )
   tf_keras_policy = None
-  if _keras_2_is_tf_keras() or made_by_tf_keras:  # tf_keras layers read tf_keras's.
-    # Made first: a name tf_keras refuses sets neither global policy.
+  if _keras_2_is_tf_keras() or made_by_tf_keras or _tf_keras_policy_set_here():
+    # tf_keras layers read tf_keras's global policy. Made first: a name
+    # tf_keras refuses sets neither global policy.
     tf_keras = importlib.import_module("tf_keras")
     with _DeviceCheck.heard_once():
       tf_keras_policy = tf_keras.mixed_precision.Policy(policy.name)
@@ -409,8 +413,7 @@ def set_policy(policy):
   keras.mixed_precision.set_global_policy(policy)
   if tf_keras_policy is not None:
     tf_keras.mixed_precision.set_global_policy(tf_keras_policy)
-    if isinstance(policy, Policy):
-      _EXPERIMENTAL_BY_TF_KERAS_POLICY[tf_keras_policy] = policy
+    _SET_TF_KERAS_POLICIES[tf_keras_policy] = policy if isinstance(policy, Policy) else None
   # TF's flag is shared with tf_keras's `set_global_policy`: mixed if either is.
   framework_internals.set_using_mixed_precision_policy(is_mixed or _tf_keras_policy_is_mixed())
   if isinstance(policy, Policy) and not _compile_scales_as_tf24(policy):
@@ -420,6 +423,11 @@ def set_policy(policy):
 def _is_tf_keras_policy(policy):
   tf_keras = sys.modules.get("tf_keras")
   return tf_keras is not None and isinstance(policy, tf_keras.mixed_precision.Policy)
+
+
+def _tf_keras_policy_set_here():
+  tf_keras = sys.modules.get("tf_keras")
+  return tf_keras is not None and tf_keras.mixed_precision.global_policy() in _SET_TF_KERAS_POLICIES
 
 
 def _keras_2_is_tf_keras():
@@ -481,7 +489,7 @@ def _layer_policy(layer):
   policy = layer.dtype_policy
   if isinstance(layer, keras.layers.Layer):
     return policy
-  return _EXPERIMENTAL_BY_TF_KERAS_POLICY.get(policy, policy)
+  return _SET_TF_KERAS_POLICIES.get(policy) or policy
 
 
 def get_layer_policy(layer):
