@@ -646,7 +646,7 @@ def keras_run(make, mode):
     if mode == "function" and name == "nan":
       continue
     step(tf.constant(grad))
-    out[name] = [var.numpy().tolist(), float(opt.loss_scale), int(opt.iterations)]
+    out[name] = [var.numpy().tolist(), float(opt.loss_scale), int(opt.iterations.numpy())]
   return out
 
 
