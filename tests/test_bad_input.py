@@ -534,16 +534,6 @@ def test_bad_gradients_raise_before_anything_changes(row, family, strategy_name,
   check_bad_gradients(row, family, strategy_name, mode)
 
 
-def _keras3_layer_variables_are_keras_variables():
-  layer = keras.layers.Dense(1)
-  layer.build((None, 2))
-  return isinstance(layer.kernel, keras.Variable)
-
-
-@pytest.mark.skipif(
-  not _keras3_layer_variables_are_keras_variables(),
-  reason="keras.Variable is not the class of a layer's variables before Keras 3.9",
-)
 @pytest.mark.parametrize("strategy_name", STRATEGIES)
 @pytest.mark.parametrize("family", ["tf_keras", "tf_keras_new"])
 def test_a_keras3_model_s_variable_for_a_tf_keras_inner_is_refused_before_anything_changes(

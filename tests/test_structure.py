@@ -277,6 +277,11 @@ def test_keras3_fallbacks(monkeypatch):
     framework_internals.keras3_trainable_variables(bare)
   with pytest.raises(framework_internals.FrameworkChangedError, match=r"weight averages"):
     framework_internals.keras3_ema_averages(bare)
+  layer = keras.layers.Dense(1)
+  layer.build((None, 2))
+  assert isinstance(layer.kernel, framework_internals.keras3_variable_class())
+  monkeypatch.setattr(framework_internals, "_KerasVariable", None)
+  assert framework_internals.keras3_variable_class() is keras.Variable
   reduced = (pickle.loads, (b"",))
   assert framework_internals.keras3_reduce_as(reduced, keras.optimizers.SGD) is reduced
 

@@ -32,6 +32,10 @@ import tensorflow as tf
 # Imported here, not where used, so that each use below is one look-up; a
 # module that is gone only turns its speed-up off.
 try:
+  from keras.src.backend.common.variables import KerasVariable as _KerasVariable
+except ImportError:
+  _KerasVariable = None
+try:
   from tensorflow.python.framework import op_callbacks
 except ImportError:
   op_callbacks = None
@@ -377,6 +381,18 @@ def keras3_reduce_as(reduced, cls):
   if getattr(loader, "__name__", None) != "_unpickle_model" or not hasattr(cls, "_unpickle_model"):
     return reduced
   return (cls._unpickle_model, *reduced[1:])
+
+
+def keras3_variable_class():
+  """The class of every Keras 3 variable.
+
+  From Keras 3.9 (3.9 to 3.15 checked) that is `keras.Variable`. Before (3.0
+  to 3.6 checked) `keras.Variable` is a subclass of it that only
+  `keras.Variable(...)` makes, and a layer's variables are instances of
+  `keras.src.backend.common.variables.KerasVariable` (gone by 3.15).
+  Missing: `keras.Variable`.
+  """
+  return keras.Variable if _KerasVariable is None else _KerasVariable
 
 
 def keras3_step_counter(inner):

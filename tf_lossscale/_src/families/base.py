@@ -5,6 +5,8 @@ import abc
 import keras
 import tensorflow as tf
 
+from tf_lossscale._src import framework_internals
+
 # The hyperparameters TF 2.4's OptimizerV2 of each kind exposed (`_set_hyper`),
 # by class name. For optimizers without `_hyper` (Keras 3, new tf_keras) these
 # names are delegated when the inner optimizer has such an attribute.
@@ -33,12 +35,8 @@ def overwritten_with_gradient(variable):
 
 
 def is_keras3_variable(variable):
-  """Whether `variable` is a Keras 3 variable (a Keras 3 layer's or model's).
-
-  Before Keras 3.9 (3.6 checked) `keras.Variable` is a class of its own, not
-  the one of a layer's variables: False for those there.
-  """
-  return isinstance(variable, keras.Variable)
+  """Whether `variable` is a Keras 3 variable (a Keras 3 layer's or model's)."""
+  return isinstance(variable, framework_internals.keras3_variable_class())
 
 
 def tf24_hyperparameters(optimizer, classes):
