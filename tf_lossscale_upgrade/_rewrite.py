@@ -1001,7 +1001,7 @@ def _without_loss_scale(policy):
   written: None, a name other than 'mixed_float16', or a `Policy(name)` call
   of such a name and no loss scale."""
   if isinstance(policy, cst.Name):
-    return policy.value == "None"
+    return _is_none(policy)
   if isinstance(policy, cst.Call):
     func = policy.func
     called = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
@@ -1021,7 +1021,7 @@ def _not_mixed_float16(policy):
   if isinstance(policy, cst.Call):
     policy = _argument(policy, 0, "name")
   if isinstance(policy, cst.Name):
-    return policy.value == "None"
+    return _is_none(policy)
   return isinstance(policy, cst.SimpleString) and policy.evaluated_value != "mixed_float16"
 
 

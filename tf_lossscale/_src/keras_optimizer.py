@@ -1016,8 +1016,10 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
         shape.
     """
     pairs = validation.gradient_pairs(grads_and_vars)
-    keras3 = [v for _, v in pairs if families.is_keras3_variable(v)]
-    if keras3 and not self._family.updates_keras3_variables:
+    keras3 = []
+    if not self._family.updates_keras3_variables:  # Nothing to scan per step otherwise.
+      keras3 = [v for _, v in pairs if families.is_keras3_variable(v)]
+    if keras3:
       raise TypeError(
         f"apply_gradients got the Keras 3 variable {_path(keras3[0])!r}, which the inner "
         f"{type(self._optimizer).__name__}, a tf_keras optimizer, cannot update: for a Keras 3 "
