@@ -778,3 +778,36 @@ def test_complex_gradients_are_checked_by_their_parts(family):
   opt.apply_gradients([(tf.constant([complex(1.0, INF), 1.0]), var)])
   np.testing.assert_array_equal(var.numpy(), [0.0, 1.0])
   assert float(scale()) == before / 2
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("family", ["tf_keras", "compat_v1"])
+def test_variables_of_several_replicas_stepped_outside_their_strategy_are_refused(family, mode):
+  """Outside `strategy.run` an OptimizerV2 or a TF1 optimizer updates one replica's
+  copy (so do tf_keras's wrapper and TF's compat.v1 class): the replicas drifted apart.
+  (Newer optimizers assign mirrored variables whole: test_distributed.py.)"""
+  strategy = shared_strategy("mirrored")
+  with strategy.scope():
+    var = tf.Variable(1.0)
+    if family == "compat_v1":
+      opt = MPLSO(tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), "dynamic")
+    else:
+      opt = LSO(make_inner(family, learning_rate=0.1, momentum=0.9))
+
+  def step():
+    opt.apply_gradients([(tf.constant(1.0), var)])
+
+  message = (
+    "apply_gradients got the variable 'Variable:0', mirrored over the 2 replicas of the "
+    "_OwnKeysMirroredStrategy it was made under, outside that strategy: apply gradients "
+    "inside `strategy.run(...)`"
+  )
+  with pytest.raises(ValueError, match=re.escape(message)):
+    step() if mode == "eager" else tf.function(step)()
+  assert [v.tolist() for v in locals_of(strategy, var)] == [1.0, 1.0]
+  scale = opt._loss_scale() if family == "compat_v1" else opt.loss_scale
+  assert float(scale) == 32768.0
+  if family != "compat_v1":
+    assert count(opt.iterations) == 0
+  strategy.run(step)  # Where it belongs, it steps: both replicas, by the sum of their 1s.
+  np.testing.assert_allclose(locals_of(strategy, var), [0.8, 0.8], rtol=1e-6)

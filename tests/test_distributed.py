@@ -15,6 +15,7 @@ import tensorflow as tf
 import tf_keras
 
 import helpers
+import tf_lossscale
 from tf_lossscale.keras.mixed_precision import LossScaleOptimizer
 
 
@@ -144,9 +145,17 @@ def _per_replica(strategy, var):
   return [float(v.numpy()) for v in values]
 
 
+@pytest.mark.parametrize("strategy_name", ["mirrored", "central_storage"])
 @pytest.mark.parametrize("family", ["keras3", "tf_keras"])
-def test_gradients_are_all_reduced_before_the_finiteness_check(family):
-  strategy = mirrored(2)
+def test_gradients_are_all_reduced_before_the_finiteness_check(family, strategy_name):
+  # Under CentralStorageStrategy an OptimizerV2 sums the replicas' gradients
+  # itself: the decision is still on their sum.
+  if strategy_name == "mirrored":
+    strategy = mirrored(2)
+  else:
+    if family == "keras3" and _plain_keras3_step_under_central_storage()[0]:
+      pytest.skip("this Keras 3 cannot step under CentralStorageStrategy, even without us")
+    strategy = tf.distribute.experimental.CentralStorageStrategy(helpers.TWO_CPUS)
   with strategy.scope():
     var = _scalar_variable(family)
     opt = _lso(family, 1e-30)
@@ -156,12 +165,13 @@ def test_gradients_are_all_reduced_before_the_finiteness_check(family):
     strategy.run(lambda: opt.apply_gradients([(_replica_grad(values), var)]))
 
   # 2e38 is finite on each replica; the all-reduced 4e38 overflows float32.
+  copies = len(_per_replica(strategy, var))  # 1 central copy under CentralStorageStrategy
   step(tf.constant([2e38, 2e38]))
-  assert _per_replica(strategy, var) == [0.0, 0.0]
+  assert _per_replica(strategy, var) == [0.0] * copies
   assert float(opt.loss_scale) == job.INITIAL_SCALE / 2
   # 1e38 + 1e38 is finite: applied (times the learning rate 1e-30).
   step(tf.constant([1e38, 1e38]))
-  np.testing.assert_allclose(_per_replica(strategy, var), [-2e8, -2e8], rtol=1e-5)
+  np.testing.assert_allclose(_per_replica(strategy, var), [-2e8] * copies, rtol=1e-5)
   assert (float(opt.loss_scale), int(opt.dynamic_counter.numpy())) == (job.INITIAL_SCALE / 2, 1)
 
 
@@ -240,3 +250,62 @@ def test_gradient_transformers_get_the_aggregated_unscaled_gradients():
   # scaled gradient (16 * 4) ** 2.
   step(tf.constant([1.0, 3.0]))
   assert _per_replica(strategy, var) == [-16.0, -16.0]
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("family", ["tf_keras", "tf_keras_new", "compat_v1"])
+def test_a_lone_replicas_variables_step_outside_its_strategy_as_with_the_plain_optimizer(
+  family, mode
+):
+  """A MirroredStrategy of one device (one GPU) whose step runs outside
+  `strategy.run`: the plain optimizer and tf_keras's wrapper step there, and
+  so do ours (an OptimizerV2 inner failed: a `tuple indices` TypeError)."""
+
+  def make(wrap):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+      var = tf.Variable([1.0, 2.0])
+      if family == "compat_v1":
+        opt = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
+        opt = tf_lossscale.MixedPrecisionLossScaleOptimizer(opt, "dynamic") if wrap else opt
+      else:
+        inner = {"tf_keras": tf_keras.optimizers.legacy, "tf_keras_new": tf_keras.optimizers}
+        opt = inner[family].SGD(0.1, momentum=0.9)
+        opt = LossScaleOptimizer(opt) if wrap else opt
+
+    def step(grad):
+      opt.apply_gradients([(grad, var)])
+
+    return var, opt, (step if mode == "eager" else tf.function(step))
+
+  var, opt, step = make(wrap=True)
+  plain_var, _, plain_step = make(wrap=False)
+  for grad in ([1.0, -2.0], [float("nan"), 1.0], [0.5, 0.5]):
+    step(tf.constant(grad))
+    if np.all(np.isfinite(grad)):  # The plain optimizer skips nothing.
+      plain_step(tf.constant(grad))
+  np.testing.assert_array_equal(var.numpy(), plain_var.numpy())
+  scale = opt._loss_scale() if family == "compat_v1" else opt.loss_scale
+  assert float(scale) == 2.0**14
+
+
+@pytest.mark.parametrize("family", ["keras3", "tf_keras_new"])
+def test_an_optimizer_built_in_scope_steps_every_replica_outside_the_strategy(family):
+  """Keras 3's and tf_keras's new optimizers assign mirrored variables and
+  slots whole; built in the strategy's scope, they stay in step outside it."""
+  strategy = mirrored(2)
+  inner = {"keras3": keras.optimizers, "tf_keras_new": tf_keras.optimizers}[family]
+  with strategy.scope():
+    var = tf.Variable([1.0, 2.0])
+    opt = LossScaleOptimizer(inner.SGD(0.1, momentum=0.9), initial_scale=8.0)
+    opt.build([var])
+    plain_var = tf.Variable([1.0, 2.0])
+    plain = inner.SGD(0.1, momentum=0.9)
+    plain.build([plain_var])
+  for grad in ([1.0, -2.0], [float("nan"), 1.0], [0.5, 0.5]):
+    opt.apply_gradients([(tf.constant(grad), var)])
+    if np.all(np.isfinite(grad)):
+      plain.apply_gradients([(tf.constant(grad), plain_var)])
+  values = [v.numpy().tolist() for v in strategy.experimental_local_results(var)]
+  assert values == [plain_var.numpy().tolist()] * 2
+  assert float(opt.loss_scale) == 4.0

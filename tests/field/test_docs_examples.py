@@ -12,11 +12,16 @@ temporary folder (the examples write TensorBoard logs to `logs`).
 
 import pathlib
 
+import keras
 import pytest
+import tensorflow as tf
 
 import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+_KERAS3_WRAPPER_CHECKPOINTS = issubclass(
+  keras.mixed_precision.LossScaleOptimizer, tf.__internal__.tracking.Trackable
+)
 
 
 def _data(rows, policy="float32"):
@@ -160,6 +165,39 @@ assert model.optimizer.dynamic and float(model.optimizer.loss_scale) == 2**15
 model.fit(x, y, epochs=1, verbose=0)
 assert int(model.optimizer.iterations.numpy()) == 2
 tf.keras.mixed_precision.set_global_policy("float32")
+""",
+    ),
+    None  # Keras 3.0's wrapper cannot be checkpointed: nothing to restore.
+    if not _KERAS3_WRAPPER_CHECKPOINTS
+    else (
+      # A checkpoint of Keras 3's wrapper after 2 epochs of 4 steps, two skipped (x[2]
+      # is Inf), growth every 3 good steps; the reader's model is a fresh one.
+      _data(8)
+      + """
+import keras
+x[2] = np.inf
+keras.utils.set_random_seed(0)
+peer = keras.mixed_precision.LossScaleOptimizer(
+  tf.keras.optimizers.Adam(0.1), dynamic_growth_steps=3)
+model.compile(peer, "mse")
+model.fit(x, y, batch_size=2, epochs=2, verbose=0)
+path = tf.train.Checkpoint(model=model, optimizer=peer).save("keras3/ckpt")
+trained = [v.numpy() for v in model.variables]
+keras.utils.set_random_seed(1)
+model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+""",
+      # The scale, the good steps, the inner optimizer's slots and iterations and
+      # the model are Keras 3's wrapper's; saved again, in TF 2.4's layout.
+      """
+assert float(opt.loss_scale) == float(peer.dynamic_scale.numpy()) == 2.0**14
+assert int(opt.dynamic_counter.numpy()) == int(peer.step_counter.numpy()) == 1
+assert int(opt.iterations.numpy()) == 6
+for ours, theirs in zip(opt.inner_optimizer.variables, peer.inner_optimizer.variables, strict=True):
+  np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+for value, restored in zip(trained, model.variables, strict=True):
+  np.testing.assert_array_equal(value, restored.numpy())
+saved = tf.train.Checkpoint(optimizer=opt).save("tf24/ckpt")
+assert "optimizer/loss_scale/good_steps/.ATTRIBUTES/VARIABLE_VALUE" in dict(tf.train.list_variables(saved))
 """,
     ),
   ],

@@ -88,6 +88,34 @@ def test_keras3_weights_h5_checkpoint_resumes_identically(mixed_float16, tmp_pat
   assert float(resumed.optimizer.loss_scale) == 64.0
 
 
+@pytest.mark.skipif(
+  not issubclass(keras.mixed_precision.LossScaleOptimizer, tf.__internal__.tracking.Trackable),
+  reason="Keras 3.0's wrapper saves its inner optimizer's state in a layout of its own",
+)
+def test_keras3_weights_h5_of_keras3_s_own_wrapper_restores_the_inner_state(tmp_path):
+  """What docs/migration.md says: the model and the inner optimizer's state come
+  back; the scale starts again from `initial_scale` (Keras 3's is its own)."""
+  path = str(tmp_path / "model.weights.h5")
+  model = common.dense_model(keras)
+  peer = keras.mixed_precision.LossScaleOptimizer(
+    keras.optimizers.Adam(0.1), initial_scale=8, dynamic_growth_steps=2
+  )
+  model.compile(peer, loss="mse")
+  _fit(model, 2, [keras.callbacks.ModelCheckpoint(path, save_weights_only=True)])
+  resumed = common.dense_model(keras)
+  resumed.compile(_make_lso("keras3"), loss="mse")
+  resumed.optimizer.build(resumed.trainable_variables)
+  resumed.load_weights(path)
+  for ours, theirs in zip(resumed.get_weights(), model.get_weights(), strict=True):
+    np.testing.assert_array_equal(ours, theirs)
+  inner, peer_inner = resumed.optimizer.inner_optimizer, peer.inner_optimizer
+  for ours, theirs in zip(inner.variables, peer_inner.variables, strict=True):
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+  assert common.as_int(inner.iterations) == common.as_int(peer_inner.iterations) == 4
+  assert float(peer.dynamic_scale.numpy()) == 32.0
+  assert float(resumed.optimizer.loss_scale) == 8.0
+
+
 @pytest.mark.parametrize(
   "family, strategy_name",
   [

@@ -23,9 +23,11 @@ How a step is applied (`apply_gradients`), for every family:
    only counting it in the inner optimizer's `iterations`.
 
 With a fixed scale there is no check: the step is always applied. With
-`experimental_aggregate_gradients=False` (the caller aggregates, or not), and
-for an OptimizerV2 under CentralStorageStrategy (which must aggregate itself),
+`experimental_aggregate_gradients=False` (the caller aggregates, or not),
 step 1 is left out and step 2 counts each replica's own finiteness instead.
+An OptimizerV2 under CentralStorageStrategy must sum the replicas' gradients
+itself: step 2 decides on a sum of its own, so a sum that overflows is
+skipped there too.
 """
 
 import contextlib
@@ -988,17 +990,20 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       )
     # Reduced here, the gradients are the same on every replica and one
     # replica's finiteness is everyone's. Without aggregation (the caller's
-    # choice) or where the inner optimizer must aggregate itself, each
-    # replica's finiteness counts.
+    # choice) each replica's finiteness counts; where the inner optimizer must
+    # aggregate itself, the decision is on a sum made for it.
     inner_aggregates = aggregate and not self._adapter.can_apply_reduced()
     in_sync = aggregate and not inner_aggregates
     if in_sync:
       grads_and_vars = self._adapter.reduce_gradients(grads_and_vars)
-    grads = [g for g, _ in grads_and_vars]
-    wrapped_vars = _Opaque([v for _, v in grads_and_vars])
-    step_op = tf.distribute.get_replica_context().merge_call(
-      self._apply_cross_replica, args=(grads, wrapped_vars, name, in_sync, inner_aggregates)
-    )
+    args = ([g for g, _ in grads_and_vars], _Opaque([v for _, v in grads_and_vars]))
+    args += (name, in_sync, inner_aggregates)
+    if tf.distribute.has_strategy():
+      step_op = tf.distribute.get_replica_context().merge_call(self._apply_cross_replica, args)
+    else:
+      # In the default replica context, as a plain optimizer applies: a lone
+      # replica's mirrored variable, stepped outside its strategy, works there.
+      step_op = self._apply_cross_replica(tf.distribute.get_strategy(), *args)
     return step_op if self._family.returns_step_op else None
 
   def _checked_gradients(self, grads_and_vars):
@@ -1052,10 +1057,13 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     def apply_fn():
       if not grads:  # An empty list (`Family.applies_no_gradients`): the plain apply does nothing.
         return tf.no_op()
-      results = strategy.extended.call_for_each_replica(
-        lambda g, v: self._adapter.apply(g, v.value, name, inner_aggregates),
-        args=(grads, wrapped_vars),
-      )
+      if not tf.distribute.has_strategy():
+        results = self._adapter.apply(grads, wrapped_vars.value, name, inner_aggregates)
+      else:
+        results = strategy.extended.call_for_each_replica(
+          lambda g, v: self._adapter.apply(g, v.value, name, inner_aggregates),
+          args=(grads, wrapped_vars),
+        )
       return tf.group(*[op for op in tf.nest.flatten(results) if op is not None])
 
     if not self.dynamic:
@@ -1064,9 +1072,16 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     # calls merge_call, which a cond in replica context cannot contain. A
     # skipped step is counted after it, or in its skip branch: see
     # `Family.count_skipped_step`.
+    checked = grads
+    if inner_aggregates and grads and tf.distribute.has_strategy():
+      # Finite on every replica, the inner optimizer's sum may still overflow.
+      variables = strategy.experimental_local_results(wrapped_vars)[0].value
+      checked = strategy.extended.batch_reduce_to(
+        tf.distribute.ReduceOp.SUM, list(zip(grads, variables, strict=True))
+      )
     update_op, _ = self._state.update(
-      grads,
-      grads_in_sync=in_sync,
+      checked,
+      grads_in_sync=in_sync or inner_aggregates,
       apply_fn=apply_fn,
       skip_fn=tf.no_op,
       count_skip=self._adapter.count_skipped_step,

@@ -187,6 +187,26 @@ def check_gradients_fit(pairs, dtype_must_match):
       )
 
 
+def check_variables_in_their_strategy(variables):
+  """Refuses a variable mirrored over several replicas, stepped outside any strategy.
+
+  For optimizers that would update one replica's copy only (TF1's, an
+  OptimizerV2): the replicas would drift apart. A lone replica's mirrored
+  variable is fine.
+  """
+  if tf.distribute.has_strategy():
+    return
+  for var in variables:
+    strategy = getattr(var, "distribute_strategy", None)
+    if isinstance(var, tf.distribute.DistributedValues) and strategy.num_replicas_in_sync > 1:
+      raise ValueError(
+        f"apply_gradients got the variable {var.name!r}, mirrored over the "
+        f"{strategy.num_replicas_in_sync} replicas of the {type(strategy).__name__} it was "
+        "made under, outside that strategy: apply gradients inside `strategy.run(...)` "
+        "(outside it the replicas' copies would drift apart)"
+      )
+
+
 def warn_missing_gradients(pairs):
   """Logs the variables of `pairs` whose gradient is None, in TF 2.4's words
   (its optimizers and wrapper logged them; the inner optimizer never sees

@@ -12,7 +12,7 @@ except under the strategies that must aggregate themselves.
 import tensorflow as tf
 import tf_keras
 
-from tf_lossscale._src import framework_internals
+from tf_lossscale._src import framework_internals, validation
 from tf_lossscale._src.families import base
 
 _SELF_AGGREGATING_STRATEGIES = (
@@ -160,6 +160,8 @@ class OptimizerV2Family(base.Family):
   def build(self, grads_and_vars):
     # OptimizerV2 makes slots only for variables with a gradient.
     var_list = [v for g, v in grads_and_vars if g is not None]
+    # Outside its strategy it would update one replica's copy.
+    validation.check_variables_in_their_strategy(var_list)
     framework_internals.v2_create_all_weights(self.inner, var_list)
 
   def unknown_variables(self, variables):
