@@ -811,3 +811,19 @@ def test_variables_of_several_replicas_stepped_outside_their_strategy_are_refuse
     assert count(opt.iterations) == 0
   strategy.run(step)  # Where it belongs, it steps: both replicas, by the sum of their 1s.
   np.testing.assert_allclose(locals_of(strategy, var), [0.8, 0.8], rtol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["tf_keras", "compat_v1"])
+def test_a_mirrored_variable_without_a_gradient_does_not_stop_a_step_outside_strategies(family):
+  """A TF1 `minimize` without `var_list` pairs every trainable variable, another
+  model's mirrored ones too: those get no gradient and no update (the plain
+  optimizer's step works)."""
+  with shared_strategy("mirrored").scope():
+    tower = tf.Variable(1.0)
+  head = tf.Variable(1.0)
+  if family == "compat_v1":
+    opt = MPLSO(tf.compat.v1.train.GradientDescentOptimizer(0.1), "dynamic")
+  else:
+    opt = LSO(make_inner(family, learning_rate=0.1))
+  opt.apply_gradients([(None, tower), (tf.constant(3.0), head)])
+  assert (float(head.numpy()), float(tower.numpy())) == (np.float32(0.7), 1.0)

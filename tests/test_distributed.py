@@ -118,9 +118,18 @@ def test_parameter_server_strategy_v1_is_refused_by_the_keras_optimizer():
 # --- Aggregation semantics (MirroredStrategy over two logical CPUs) -----------------------
 
 
+class _NarrowedSGD(tf_keras.optimizers.SGD):
+  """Its `apply_gradients` takes no `skip_gradients_aggregation`: it sums itself."""
+
+  def apply_gradients(self, grads_and_vars, name=None):
+    return super().apply_gradients(grads_and_vars, name=name)
+
+
 def _lso(family, learning_rate, **inner_kwargs):
   if family == "tf_keras":
     inner = tf_keras.optimizers.legacy.SGD(learning_rate, **inner_kwargs)
+  elif family == "tf_keras_narrowed":
+    inner = _NarrowedSGD(learning_rate, **inner_kwargs)
   else:
     inner = tf.keras.optimizers.SGD(learning_rate, **inner_kwargs)
   return LossScaleOptimizer(
@@ -129,7 +138,7 @@ def _lso(family, learning_rate, **inner_kwargs):
 
 
 def _scalar_variable(family):
-  if family == "tf_keras":
+  if family.startswith("tf_keras"):
     return tf.Variable(0.0)
   return tf.keras.Variable(0.0)
 
@@ -146,10 +155,10 @@ def _per_replica(strategy, var):
 
 
 @pytest.mark.parametrize("strategy_name", ["mirrored", "central_storage"])
-@pytest.mark.parametrize("family", ["keras3", "tf_keras"])
+@pytest.mark.parametrize("family", ["keras3", "tf_keras", "tf_keras_narrowed"])
 def test_gradients_are_all_reduced_before_the_finiteness_check(family, strategy_name):
-  # Under CentralStorageStrategy an OptimizerV2 sums the replicas' gradients
-  # itself: the decision is still on their sum.
+  # Under CentralStorageStrategy an OptimizerV2, and a narrowed optimizer anywhere,
+  # sums the replicas' gradients itself: the decision is still on their sum.
   if strategy_name == "mirrored":
     strategy = mirrored(2)
   else:

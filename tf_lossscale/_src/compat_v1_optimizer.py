@@ -62,7 +62,7 @@ def _checked_gradients(grads_and_vars):
   if all(g is None for g, _ in pairs):
     raise ValueError(f"No gradients provided for any variable: {[str(v) for _, v in pairs]}.")
   validation.check_gradients_fit(pairs, dtype_must_match=True)
-  validation.check_variables_in_their_strategy([v for _, v in pairs])
+  validation.check_variables_in_their_strategy([v for g, v in pairs if g is not None])
   return pairs
 
 

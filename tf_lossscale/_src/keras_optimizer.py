@@ -25,9 +25,11 @@ How a step is applied (`apply_gradients`), for every family:
 With a fixed scale there is no check: the step is always applied. With
 `experimental_aggregate_gradients=False` (the caller aggregates, or not),
 step 1 is left out and step 2 counts each replica's own finiteness instead.
-An OptimizerV2 under CentralStorageStrategy must sum the replicas' gradients
-itself: step 2 decides on a sum of its own, so a sum that overflows is
-skipped there too.
+An inner optimizer that must sum the replicas' gradients itself (an
+OptimizerV2 under CentralStorageStrategy, a narrowed one without
+`skip_gradients_aggregation`) gets them as they are: step 2 decides on a
+plain sum of its own (not through the inner optimizer's aggregation hook,
+which runs once), so a sum that overflows is skipped there too.
 """
 
 import contextlib

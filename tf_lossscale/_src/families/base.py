@@ -196,7 +196,8 @@ class Family(abc.ABC):
   def can_apply_reduced(self):
     """Whether, under the current strategy, the inner optimizer can apply
     gradients already reduced by `reduce_gradients` (else it must reduce
-    them itself, and finiteness is decided per replica)."""
+    them itself, and finiteness is decided on a plain sum of the replicas'
+    gradients)."""
 
   @abc.abstractmethod
   def apply(self, grads, variables, name, aggregate):
