@@ -1056,10 +1056,13 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     return pairs
 
   def _apply_cross_replica(self, strategy, grads, wrapped_vars, name, in_sync, inner_aggregates):
+    """The step, in cross-replica context under a strategy (else in the default one)."""
+    distributed = tf.distribute.has_strategy()
+
     def apply_fn():
       if not grads:  # An empty list (`Family.applies_no_gradients`): the plain apply does nothing.
         return tf.no_op()
-      if not tf.distribute.has_strategy():
+      if not distributed:
         results = self._adapter.apply(grads, wrapped_vars.value, name, inner_aggregates)
       else:
         results = strategy.extended.call_for_each_replica(
@@ -1075,7 +1078,7 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
     # skipped step is counted after it, or in its skip branch: see
     # `Family.count_skipped_step`.
     checked = grads
-    if inner_aggregates and grads and tf.distribute.has_strategy():
+    if inner_aggregates and grads and distributed:
       # Finite on every replica, the inner optimizer's sum may still overflow.
       variables = strategy.experimental_local_results(wrapped_vars)[0].value
       checked = strategy.extended.batch_reduce_to(

@@ -197,8 +197,10 @@ def check_variables_in_their_strategy(variables):
   if tf.distribute.has_strategy():
     return
   for var in variables:
-    strategy = getattr(var, "distribute_strategy", None)
-    if isinstance(var, tf.distribute.DistributedValues) and strategy.num_replicas_in_sync > 1:
+    if not isinstance(var, tf.distribute.DistributedValues):
+      continue
+    strategy = var.distribute_strategy
+    if strategy.num_replicas_in_sync > 1:
       raise ValueError(
         f"apply_gradients got the variable {var.name!r}, mirrored over the "
         f"{strategy.num_replicas_in_sync} replicas of the {type(strategy).__name__} it was "
