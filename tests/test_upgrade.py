@@ -779,6 +779,27 @@ CASES = {
     "import tensorflow as tf; x = tf.mixed_precision.experimental.LossScale\n",
     "import tf_lossscale\nimport tensorflow as tf; x = tf_lossscale.mixed_precision.experimental.LossScale\n",
   ),
+  # The statements after a split import stay after every import it is split into
+  # (they went below the new one, a NameError); the line's comment stays with them.
+  "an import split, with uses after it on its line": (
+    "x = 1; from tensorflow.keras.mixed_precision import experimental as mp, global_policy; "
+    "p = mp.Policy('float32'); q = global_policy()  # policies\n",
+    "x = 1; from tensorflow.keras.mixed_precision import global_policy\n"
+    "from tf_lossscale.keras.mixed_precision import experimental as mp\n"
+    "p = mp.Policy('float32'); q = global_policy()  # policies\n",
+  ),
+  # A suite on its header's line was not rewritten at all (yet reported as rewritten).
+  "an import in a one-line suite": (
+    "try: from tensorflow.keras.mixed_precision import experimental as mp\n"
+    "except ImportError: mp = None\n",
+    "try: from tf_lossscale.keras.mixed_precision import experimental as mp\n"
+    "except ImportError: mp = None\n",
+  ),
+  "an import split in a one-line suite, with a use after it": (
+    "if True: from tensorflow.keras.mixed_precision import Policy, LossScaleOptimizer as L; L(o)\n",
+    "if True: from tensorflow.keras.mixed_precision import Policy; "
+    "from tf_lossscale.keras.mixed_precision import LossScaleOptimizer as L; L(o)\n",
+  ),
   "a lazy import: tf_lossscale's beside it": (
     "# Copyright 2020\ndef f():\n  import tensorflow as tf\n"
     "  return tf.mixed_precision.experimental.LossScale\n",
@@ -1610,6 +1631,8 @@ NOT_ONE_PASS = {
   "a shadowing parameter: before",
   "the name tf_lossscale taken: before",  # `tf_lossscale = 1`
   "an optional TensorFlow: tf_lossscale's import as optional: before",  # `tf = None`
+  "an import in a one-line suite: before",  # `mp = None`
+  "an import in a one-line suite: after",
   "a module gone from TF as a value: before",  # `mp = tf...`: a module bound by assignment
   "modules bound by assignment: before",
   "modules bound by assignment: after",

@@ -39,6 +39,7 @@ _WATCHED_ROOTS = ("tensorflow", _OURS)
 _MODULE_LEVEL = (
   cst.Module,
   cst.SimpleStatementLine,
+  cst.SimpleStatementSuite,  # `if x: import tensorflow as tf`
   cst.IndentedBlock,
   cst.If,
   cst.Else,

@@ -1110,27 +1110,51 @@ class _Applier(cst.CSTTransformer):
       return updated_node
     return updated_node.with_changes(names=_with_commas(names))
 
-  def leave_SimpleStatementLine(self, original_node, updated_node):
-    body, extra = [], []
-    for original, updated in zip(original_node.body, updated_node.body):
+  def _statements(self, original_node, updated_node):
+    """The statements of a line or a suite rewritten, each with whether it is
+    an import split off the one before it (dropped imports left out)."""
+    for original, updated in zip(original_node.body, updated_node.body, strict=True):
       if isinstance(original, cst.ImportFrom):
         first, *others = self._import_from(original, updated)
         if first is not None:
-          body.append(first)
-        extra += [cst.SimpleStatementLine(body=[statement]) for statement in others]
+          yield first, False
+        yield from ((statement, True) for statement in others)
       elif not (
         isinstance(original, cst.Import)
         and all(alias in self.plan.dropped_aliases for alias in original.names)
       ):
-        body.append(updated)
-    if not body and not extra:
+        yield updated, False
+
+  def leave_SimpleStatementLine(self, original_node, updated_node):
+    # An import split in several gets a line for each new one, straight after
+    # it: what follows it on the line (`from m import a as x, b; x(...)`)
+    # goes on a line of its own after them, still after every name it binds.
+    lines = [([], False)]  # (statements, whether they are a new import)
+    for statement, new in self._statements(original_node, updated_node):
+      if new or lines[-1][1]:
+        lines.append(([], new))
+      lines[-1][0].append(statement)
+    lines = [line for line in lines if line[0]]
+    if not lines:
       self._removed.append(updated_node)
       return updated_node
-    if not body:
-      first, *extra = extra
-      body = first.body
-    line = updated_node.with_changes(body=_with_semicolons(body))
-    return cst.FlattenSentinel([line, *extra]) if extra else line
+    # The line's comment stays with the statements that were written there last.
+    commented = max(i for i, (_, new) in enumerate(lines) if not new)
+    out = []
+    for index, (body, _) in enumerate(lines):
+      line = cst.SimpleStatementLine(body=_with_semicolons(body))
+      if index == 0:
+        line = line.with_changes(leading_lines=updated_node.leading_lines)
+      if index == commented:
+        line = line.with_changes(trailing_whitespace=updated_node.trailing_whitespace)
+      out.append(line)
+    return cst.FlattenSentinel(out) if len(out) > 1 else out[0]
+
+  def leave_SimpleStatementSuite(self, original_node, updated_node):
+    # A suite on its header's line (`try: from m import a, b`) keeps the
+    # imports an import is split into on that line, joined by semicolons.
+    body = [statement for statement, _ in self._statements(original_node, updated_node)]
+    return updated_node.with_changes(body=_with_semicolons(body or [cst.Pass()]))
 
   def _import_from(self, original, updated):
     """`updated` rewritten: one statement or more (or a None first: deleted)."""
