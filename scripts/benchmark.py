@@ -893,7 +893,8 @@ def _median_interval(values, level=0.95):
   """A distribution-free interval for the median of `values`, at `level`
   confidence: the k-th smallest and the k-th largest of them, for the largest
   k such that the median falls outside with a chance of at most 1 - level
-  (twice a Binomial(n, 1/2) tail); with 6 values or fewer, their range."""
+  (twice a Binomial(n, 1/2) tail); with 8 values or fewer, their range
+  (below 95% confidence under 6)."""
   n, x = len(values), sorted(values)
   k = 1
   while k < (n + 1) // 2 and 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n <= 1 - level:

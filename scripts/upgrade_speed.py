@@ -10,7 +10,7 @@ the mix, the machine's load, and the tool's `--stats` line (files parsed and
 skipped, wall and CPU seconds).
 
   python scripts/upgrade_speed.py                      # 1,000 files: 200 corpus, 300 TF, 500 other
-  python scripts/upgrade_speed.py --corpus-copies 100  # 1,000 corpus files: all parsed
+  python scripts/upgrade_speed.py --corpus-copies 100 --tensorflow-files 0  # 1,000 corpus files: all parsed
   taskset -c 0 python scripts/upgrade_speed.py --jobs 1  # one core: the CPU cost alone
 """
 
@@ -33,7 +33,7 @@ def _corpus():
 
 
 def _ordinary(count):
-  """`count` modules of the standard library, largest last, none over 100 KB."""
+  """`count` modules of the standard library, evenly spaced in path order, none over 100 KB."""
   stdlib = pathlib.Path(sysconfig.get_paths()["stdlib"])
   found = sorted(
     p

@@ -8,7 +8,9 @@ ruff and the tool itself (run on this repository) away from them.
 
 import doctest
 import functools
+import importlib
 import io
+import itertools
 import json
 import multiprocessing
 import os
@@ -18,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import types
 import warnings
 
 import pytest
@@ -1751,6 +1754,21 @@ def test_every_name_the_tool_knows_spells_a_pre_filter_word():
   assert [name for name in known if not _prefilter._WORDS.search(name)] == []
 
 
+def test_names_of_one_object_of_ours_are_the_ones_the_tool_takes_for_one():
+  from tf_lossscale_upgrade import _names
+
+  def resolve(name):
+    module, attribute = name.rsplit(".", 1)
+    return getattr(importlib.import_module(module), attribute)
+
+  targets = sorted({t.name for t in _names.NAMES.values()} | set(_names.COUNTERPARTS.values()))
+  objects = [t for t in targets if not isinstance(resolve(t), types.ModuleType)]
+  assert len(objects) > 20
+  for first, second in itertools.combinations(objects, 2):
+    same = resolve(first) is resolve(second)
+    assert _names.same_object(first, second) == same, (first, second)
+
+
 # Files with nothing for the tool, some of which pass the pre-filter.
 NEAR_MISSES = {
   "tf_only.py": "import tensorflow as tf\nx = tf.constant(1)\n",
@@ -1830,6 +1848,16 @@ def test_many_files_in_worker_processes_report_what_one_process_reports(tmp_path
     r"pre-filter; [\d.]+ s wall, [\d.]+ s CPU \(this process and its workers\), "
     r"2 worker processes",
     stats,
+  )
+
+
+def test_stats_count_a_file_that_failed_before_parsing_apart(tmp_path):
+  (tmp_path / "scaled.py").write_text(CASES["tf1 program"][0])
+  (tmp_path / "plain.py").write_text("x = 1\n")
+  result = _tool("--stats", *(str(tmp_path / n) for n in ("scaled.py", "plain.py", "absent.py")))
+  assert result.stderr.splitlines()[-1].startswith(
+    "tf-lossscale-upgrade: stats: 3 files, 1 parsed, 1 skipped by the pre-filter, "
+    "1 failed before parsing; "
   )
 
 

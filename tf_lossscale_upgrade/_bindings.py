@@ -79,7 +79,8 @@ class Analysis:
   Attributes:
     parents: {node: parent}.
     order: {node: rank in source order}.
-    scope: The module's `GlobalScope` with every import binding, or None when
+    scope: The module's `GlobalScope` with the import bindings of the names
+      TensorFlow's or tf_lossscale's imports bind, or None when
       the file is not the simple case and `ScopeProvider` must answer.
   """
 

@@ -49,7 +49,7 @@ class _FileResult:
   report: tuple = ()  # (location, Finding) pairs
   error: str = ""
   encoding: str = "utf-8"
-  parsed: bool = False  # False: the pre-filter showed nothing to do, no parse
+  parsed: bool = False  # False: the pre-filter showed nothing to do, or an error came first
 
   @property
   def changed(self):
@@ -115,10 +115,12 @@ def main(argv=None):
         print(_LEGACY_KERAS_NOTE, file=sys.stderr)
   if args.stats:
     parsed = sum(r.parsed for r in results)
+    failed = sum(bool(r.error) and not r.parsed for r in results)  # unread, undecodable
+    failed_text = f", {failed} failed before parsing" if failed else ""
     processes = f"{workers} worker processes" if workers > 1 else "1 process"
     print(
       f"tf-lossscale-upgrade: stats: {_count(len(results), 'file')}, {parsed} parsed, "
-      f"{len(results) - parsed} skipped by the pre-filter; "
+      f"{len(results) - parsed - failed} skipped by the pre-filter{failed_text}; "
       f"{time.perf_counter() - started:.2f} s wall, "
       f"{_cpu_seconds() - cpu_started:.2f} s CPU (this process and its workers), {processes}",
       file=sys.stderr,

@@ -250,8 +250,9 @@ CLAIMED = (
   | GONE
 )
 
-# Objects reachable under several names of ours (API.md: aliases, not copies).
-_SHARED_LEAVES = frozenset(_LOSS_SCALES + _V1_OPTIMIZER + _GRAPH_REWRITE)
+# Objects reachable under several names of ours (API.md: aliases, not copies);
+# `global_policy` is one function, experimental or not, as in TF 2.4.
+_SHARED_LEAVES = frozenset(_LOSS_SCALES + _V1_OPTIMIZER + _GRAPH_REWRITE + ("global_policy",))
 
 
 #: {tf_lossscale class name: private attributes}: those of TensorFlow's class that

@@ -42,8 +42,9 @@ class Finding:
     kind: `'rewrite'` (done), `'not rewritten'` (recognised, left for a
       person) or `'check'` (rewritten, but something near it needs a
       person's look).
-    old: The name as written (a dotted name, or the module of an import).
-    new: What it became (`'rewrite'` only).
+    old: The dotted name as written; for an import, the fully qualified
+      name it binds (`tensorflow.keras.mixed_precision.LossScaleOptimizer`).
+    new: What it became (`'rewrite'` only), or `'(import removed: unused now)'`.
     reason: Why it was not rewritten, or what to check.
   """
 
@@ -108,8 +109,9 @@ def upgrade_source(code):
     and per rewritten use that a person should check.
 
   Raises:
-    libcst.ParserSyntaxError: If `code` is not valid Python (text naming none
-      of the loss-scaling words is returned unparsed).
+    libcst.ParserSyntaxError: If `code` is not valid Python (text without
+      `tensorflow`, or naming none of the loss-scaling words, is returned
+      unparsed).
   """
   if not _prefilter.worth_parsing(code):
     return Result(code, ())
@@ -230,12 +232,13 @@ def _dotted_expr(name):
 
 @dataclasses.dataclass
 class _Binding:
-  """A name bound by an import: `tf`, `mixed_precision`, `tensorflow.compat.v1`."""
+  """A name bound by an import (`tf`, `mixed_precision`, `tensorflow.compat.v1`),
+  or by an assignment the planner follows (`tf1 = tf.compat.v1`)."""
 
-  assignment: object  # an import binding: `_bindings.ImportAssignment` or libcst's
+  assignment: object  # `_bindings.ImportAssignment` or libcst's (Import)Assignment
   target: str  # what the name denotes, e.g. "tensorflow.keras.mixed_precision"
-  alias: cst.ImportAlias
-  statement: cst.CSTNode  # the Import or ImportFrom
+  alias: cst.ImportAlias | None  # None for an assignment
+  statement: cst.CSTNode  # the Import, ImportFrom or Assign
   dotted: bool  # `import a.b.c` without `as`: uses spell the whole path
 
 
@@ -680,11 +683,15 @@ class _Planner:
     )
 
   def _compile_ignores_loss_scale(self, use):
-    """Why a use that sets a policy's loss scale, which Keras 3's `compile` ignores, needs a look.
+    """Why a use that sets a policy needs a look for what Keras 3's `compile` does with it.
 
     Any use of the experimental `set_policy` but a call given a policy that
     has no loss scale (`_without_loss_scale`), and a call of the experimental
-    `Policy` given a loss scale (TF 2.4's `compile` used it).
+    `Policy` given a loss scale: TF 2.4's `compile` used the scale, Keras 3's
+    ignores it. And `set_global_policy` that may set `'mixed_float16'` in a
+    file that uses TF 2.4's protocol with `compile`, or has a `train_step`
+    that never scales its loss: Keras 3's `compile` wraps the optimizer in
+    its own LossScaleOptimizer.
     """
     target = _names.NAMES.get(use.name)
     if target is None:

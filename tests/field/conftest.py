@@ -32,9 +32,10 @@ def mixed_float16():
 def restore_serialization_registries():
   """Puts Keras 3's and tf_keras's registered custom objects back after the test.
 
-  Instantiating a subclass of LossScaleOptimizer registers it under the
-  wrapper's own name (see test_saving.py): tests that do so restore the
-  registries, so that later tests load saved models as before.
+  Tests that instantiate or register subclasses of LossScaleOptimizer use it,
+  so that later tests load saved models as before even if that ever adds to a
+  registry again (instantiating one registered it under the wrapper's own
+  name once; test_saving.py pins that it no longer does).
   """
   registries = [keras.saving.get_custom_objects(), tf_keras.saving.get_custom_objects()]
   snapshots = [dict(registry) for registry in registries]
