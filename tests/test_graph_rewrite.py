@@ -120,6 +120,7 @@ def test_enable_and_disable_round_trips(caplog):
       disable()
       assert _rewrite_state() == (False, False)
   assert not [r for r in caplog.records if "already disabled" in r.getMessage()]
+  assert not [r for r in caplog.records if "process-wide" in r.getMessage()]
 
 
 def test_disable_when_disabled_warns(caplog):
@@ -317,11 +318,14 @@ def test_tf1_session_trains_with_the_rewrite_on(make_optimizer, config):
   np.testing.assert_array_equal(w_after, w)
 
 
-def test_without_tensorflows_flag_only_default_sessions_get_the_rewrite(monkeypatch):
-  """The fallback if TF's private flag disappears: public options only."""
+def test_without_tensorflows_flag_only_default_sessions_get_the_rewrite(monkeypatch, caplog):
+  """The fallback if TF's private flag disappears: public options only, and a
+  warning that says what a Session given its own config needs."""
   monkeypatch.setattr(framework_internals, "_global_state", None)
   make = lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1)  # noqa: E731
-  assert _v1_regression(make, 8, None)[0] == _ON
+  with caplog.at_level(logging.WARNING, logger="tensorflow"):
+    assert _v1_regression(make, 8, None)[0] == _ON
+  assert [r for r in caplog.records if "auto_mixed_precision = 1" in r.getMessage()]
   assert _v1_regression(make, 8, tf.compat.v1.ConfigProto())[0] != _ON
   assert framework_internals.graph_rewrite_flag()  # read from the public option
   disable()

@@ -72,9 +72,13 @@ def _v1_run(**options):
     return opt.minimize(lambda: _loss(variables, factor), global_step, var_list=variables)
 
   def state():
+    # The slots by variable: `variables()` sorts them by name, and eagerly
+    # those end in a process-wide count (`Momentum_9` after `Momentum_10`).
+    slots = [opt.get_slot(v, "momentum") for v in variables]
+    scale = opt.variables()[-2:]  # The loss scale's, after the wrapped optimizer's.
     if opt.skipped_steps is None:  # A TF1 graph.
-      return [*variables, *opt.variables(), global_step]
-    return [*variables, *opt.variables(), opt.skipped_steps, global_step]
+      return [*variables, *slots, *scale, global_step]
+    return [*variables, *slots, *scale, opt.skipped_steps, global_step]
 
   return step, state
 

@@ -8,6 +8,7 @@ import sys
 import types
 
 import keras
+import numpy as np
 import pytest
 
 import helpers
@@ -470,3 +471,34 @@ def test_importing_without_a_recent_enough_tensorflow_says_how_to_install_one(
   done = helpers.run_script(tmp_path, _IMPORT_WITH.format(tensorflow=tensorflow), None)
   assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.startswith(expected), done.stdout
+
+
+def test_an_optimizer_v2_without_its_compute_gradients_minimizes_the_same(monkeypatch):
+  """`v2_compute_gradients` gone: the wrapper computes the gradients with the tape."""
+  import tensorflow as tf
+  import tf_keras
+
+  from tf_lossscale.keras import mixed_precision
+
+  def minimized(compute_gradients_gone):
+    inner = tf_keras.optimizers.legacy.SGD(0.1)
+    if compute_gradients_gone:
+      monkeypatch.setattr(inner, "_compute_gradients", None, raising=False)
+    opt = mixed_precision.LossScaleOptimizer(inner, initial_scale=4)
+    var = tf.Variable([1.0, 2.0])
+    opt.minimize(lambda: tf.reduce_sum(var * [3.0, -5.0]), [var])
+    return var.numpy(), int(opt.iterations), float(opt.loss_scale)
+
+  calls = []
+  original = framework_internals.v2_compute_gradients
+  monkeypatch.setattr(
+    framework_internals,
+    "v2_compute_gradients",
+    lambda *args: calls.append(original(*args)) or calls[-1],
+  )
+  expected = minimized(False)
+  assert calls[-1] is not None  # the member's gradients
+  gone = minimized(True)
+  assert calls[-1] is None
+  np.testing.assert_array_equal(gone[0], expected[0])
+  assert gone[1:] == expected[1:] == (1, 4.0)

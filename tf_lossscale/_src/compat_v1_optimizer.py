@@ -15,8 +15,8 @@ from tf_lossscale._src import loss_scale as loss_scale_module
 
 _V1Optimizer = tf.compat.v1.train.Optimizer
 
-# Strategies loss scaling cannot serve, refused in these words by TF 2.4's
-# Keras LossScaleOptimizer (TF's compat.v1 class did not check). TPUs train in
+# Strategies loss scaling cannot serve, refused in TF 2.4's Keras
+# LossScaleOptimizer's words, adapted (TF's compat.v1 class did not check). TPUs train in
 # bfloat16, which needs no loss scaling; ParameterServerStrategy's workers step
 # asynchronously, so no single skip-or-apply decision holds for all of them.
 # CentralStorageStrategy and the compat.v1 ParameterServerStrategy do work, as
@@ -237,8 +237,10 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
       ValueError: In a cross-replica context, under a strategy that loss
         scaling does not support (the TPU strategies and TF2's
         `tf.distribute.experimental.ParameterServerStrategy`), if no pair or
-        no gradient is given, or for a gradient whose shape does not fit its
-        variable's. Each check runs before anything changes.
+        no gradient is given, for a gradient whose shape does not fit its
+        variable's, or for a variable mirrored over several replicas
+        stepped outside its strategy. Each check runs before anything
+        changes.
 
     >>> import tf_lossscale
     >>> var = tf.Variable(1.0)
@@ -286,8 +288,8 @@ class MixedPrecisionLossScaleOptimizer(_V1Optimizer):
       return apply
 
     if state is not None:
-      # Our own update: it runs the apply itself (sharing the check's If op in
-      # a function graph).
+      # Our own update: it runs the apply itself, in the update's own
+      # conditional beside the scale's assigns.
       apply = apply_in(scale_state.tf24_apply_name_scope())
       update_op, _ = state.update(grads, apply_fn=apply, skip_fn=tf.no_op)
       return tf.group(update_op, name=name)

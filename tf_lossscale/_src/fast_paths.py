@@ -1,6 +1,7 @@
 """Speed-ups of the algorithm in `algorithm.py`: the same numbers, sooner.
 
-`scale_state.py` calls these instead of the plain functions while `enabled()`;
+`scale_state.py` calls these instead of the plain functions while `enabled()`
+and no op callbacks run (check-numerics);
 setting the environment variable `TF_LOSSSCALE_FAST_PATHS=0` before importing
 tf_lossscale turns every one of them off (docs/benchmarks.md measures each).
 

@@ -12,12 +12,15 @@ on, since when, and what happens when it is gone:
   (slower, same numbers);
 * a correctness-critical one raises `FrameworkChangedError` naming the
   package and version, when the optimizer is built (for tf_keras's, when a
-  tf_keras optimizer is wrapped; for the checkpoint protocol, on import):
-  never a silent change of behaviour (such as gradients all-reduced twice).
+  tf_keras optimizer is wrapped; for the checkpoint protocol, on import;
+  for Keras 3's weight averages and built-for variables, at the first step
+  or `apply` that needs them): never a silent change of behaviour (such as
+  gradients all-reduced twice).
 
 What our subclasses override is not a use: the Trackable protocol's hooks
 (below) and OptimizerV2's (`_V2_MEMBERS`, checked when one is wrapped).
-The fallbacks are tested with their internal gone (tests/test_structure.py).
+The fallbacks are tested with their internal gone (tests/test_structure.py;
+the mixed-precision flags' in tests/test_graph_rewrite.py).
 
 `tf.__internal__` is TensorFlow's namespace for its own libraries (Keras,
 tf_keras): not covered by its API guarantees, so its uses are here too.
@@ -30,7 +33,7 @@ import keras
 import tensorflow as tf
 
 # Imported here, not where used, so that each use below is one look-up; a
-# module that is gone only turns its speed-up off.
+# module that is gone sends its uses to the fallback their docstrings describe.
 try:
   from keras.src.backend.common.variables import KerasVariable as _KerasVariable
 except ImportError:

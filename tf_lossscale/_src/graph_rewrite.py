@@ -4,7 +4,9 @@
 scale optimizers and switches on TensorFlow's `auto_mixed_precision` grappler
 rewrite, which, on NVIDIA GPUs of compute capability 7.0 or more, runs
 numerically safe float32 ops of every graph in float16. Elsewhere grappler
-leaves the graph as it is (and logs that it found no suitable GPU).
+leaves the graph as it is (saying so only at verbose log levels; on a CPU,
+TensorFlow's oneDNN builds may run a float16 rewrite of their own where the
+CPU supports it).
 
 The rewrite is switched on in two places, as TF 2.4 did:
 
@@ -157,7 +159,13 @@ def enable_mixed_precision_graph_rewrite(opt, loss_scale="dynamic"):
     )
   opt = _wrap_optimizer(opt, loss_scale)
   tf.config.optimizer.set_experimental_options({"auto_mixed_precision": True})
-  framework_internals.set_graph_rewrite_flag(True)
+  if not framework_internals.set_graph_rewrite_flag(True):
+    _logger.warning(
+      "This TensorFlow has no process-wide mixed precision graph rewrite flag: a "
+      "tf.compat.v1.Session created without a config gets the rewrite, one given its own "
+      "ConfigProto does not unless it sets "
+      "config.graph_options.rewrite_options.auto_mixed_precision = 1."
+    )
   return opt
 
 

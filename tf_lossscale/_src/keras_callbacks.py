@@ -81,7 +81,8 @@ class LossScaleMonitor(keras.callbacks.Callback, framework_internals.TfKerasBatc
     epoch) and `skipped_steps_total` (skipped by the optimizer since it was
     created; not checkpointed);
   * writes the scalars `loss_scale` and `skipped_steps` (the total) at the
-    step `optimizer.iterations` (training steps, skipped ones included),
+    step `optimizer.iterations` (training steps, skipped ones included but
+    under Keras 3's `gradient_accumulation_steps`),
     every `update_freq` steps or at each epoch's end, to `<log_dir>/train`
     of the `tensorboard` given: a `TensorBoard` callback of either framework
     (with the writer of its own training scalars, into its event file, while

@@ -364,8 +364,8 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
   `apply_gradients` takes unscaled gradients. Under a `tf.distribute` strategy
   it all-reduces them first and, with a dynamic loss scale, skips the whole
   step on every replica when any gradient of any replica is Inf or NaN
-  (variables and slots untouched, `iterations` still incremented), halving the
-  loss scale. Every `dynamic_growth_steps` consecutive finite steps the loss
+  (variables and slots untouched, `iterations` still incremented but under
+  Keras 3's `gradient_accumulation_steps`), halving the loss scale. Every `dynamic_growth_steps` consecutive finite steps the loss
   scale doubles. With a fixed loss scale (`dynamic=False`) gradients are
   applied as given. Gradient clipping set on the inner optimizer (`clipnorm`,
   `clipvalue`, `global_clipnorm`) applies to the unscaled gradients.
@@ -467,6 +467,9 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
       `initial_scale` is missing or `dynamic_growth_steps`,
       `min_loss_scale`, `max_loss_scale` or `hysteresis` given, or if one of
       these three is outside what is allowed above.
+    TypeError, ValueError or OverflowError: If `dynamic_growth_steps` is
+      not an int (`int()`'s own error for it, as TF 2.4), or ValueError if
+      it is outside int64.
   """
 
   # The constructor's name for the inner optimizer (the experimental class's differs).
@@ -941,8 +944,9 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
     Returns:
       The op applying the step, for an OptimizerV2 inner optimizer in a TF1
-      graph (as TF 2.4), and in a `tf.function` a bool tensor, whether the
-      step was applied; None otherwise (as tf_keras's wrapper of its newer
+      graph (as TF 2.4), and in a `tf.function` with a dynamic loss scale a
+      bool tensor, whether the step was applied (with a fixed one the op);
+      None otherwise (as tf_keras's wrapper of its newer
       optimizers), which a `tf.function` can return.
 
     Raises:
@@ -1097,7 +1101,8 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
 
   @property
   def iterations(self):
-    """The inner optimizer's step counter (skipped steps included)."""
+    """The inner optimizer's step counter (skipped steps included, but under
+    Keras 3's `gradient_accumulation_steps`, where a skipped micro-step is dropped)."""
     return self._optimizer.iterations
 
   @iterations.setter

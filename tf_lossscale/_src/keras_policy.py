@@ -545,9 +545,11 @@ def wrap_optimizer_for_policy(optimizer, policy=None):
   (True, False, 256.0)
   >>> mixed_precision.set_policy('float32')
 
-  As in TF 2.4, a loss scale other than `'dynamic'` (the `'auto'` one
-  included) gives the deprecated experimental `LossScaleOptimizer`, a
-  subclass of the non-experimental one, which logs a deprecation warning.
+  As in TF 2.4, an experimental `Policy` with a loss scale (any: it holds a
+  `LossScale`, `'dynamic'` and `'auto'` included) gives the deprecated
+  experimental `LossScaleOptimizer`, a subclass of the non-experimental one,
+  which logs a deprecation warning; a non-experimental `'mixed_float16'`
+  policy gives the non-experimental one.
   An experimental `'mixed_float16'` policy whose loss scale is None gives
   the optimizer unchanged, and TF 2.4 trained without loss scaling there;
   Keras 3's `compile` would add its own: pass it `auto_scale_loss=False`.

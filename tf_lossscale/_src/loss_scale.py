@@ -129,7 +129,7 @@ class LossScale(framework_internals.Trackable, metaclass=abc.ABCMeta):
 
   def _trackable_children(self, save_type="checkpoint", **kwargs):
     graph_key = _graph_key()
-    # Sort by name only: graph keys mix None (eager) and str, which do not compare.
+    # Sort by name only: graph keys mix None (eager) and ints, which do not compare.
     children = dict(sorted((name, v) for (name, g), v in self._weights.items() if g == graph_key))
     children.update(super()._trackable_children(save_type, **kwargs))
     return children
@@ -355,6 +355,9 @@ class DynamicLossScale(LossScale):
         `multiplier` not a finite number > 1 (TF 2.4 accepted them, and then
         trained with a scale stuck or growing on overflow, or NaN weights), or
         an option is outside what is allowed above.
+      TypeError, ValueError or OverflowError: If `increment_period` is not an
+        int (`int()`'s own error for it, as TF 2.4), or ValueError if it is
+        outside int64.
     """
     super().__init__()
     _check_dynamic_settings(initial_loss_scale, multiplier)

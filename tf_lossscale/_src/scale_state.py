@@ -2,9 +2,10 @@
 
 Every API of this package updates a dynamic loss scale through
 `DynamicState.update`, multiplies losses with `scale_loss`, divides
-gradients with `unscale_gradients` and branches with `cond`. Each of these
-runs `fast_paths` while they are enabled and the plain `algorithm`
-otherwise, with the same numbers: this module is the only place that chooses.
+gradients with `unscale_gradients` and branches with `cond`. The update,
+the unscale and `cond` run `fast_paths` while they are enabled and the
+plain `algorithm` otherwise, with the same numbers (`scale_loss` has one
+way): this module is the only place that chooses.
 It chooses the plain `algorithm` also while TensorFlow hands every op to op
 callbacks (`tf.debugging.enable_check_numerics`): the speed-ups sum and stack
 gradients, and check-numerics would raise there at a NaN gradient, or at a
@@ -152,8 +153,8 @@ def scale_loss(loss, loss_scale):
 def unscale_gradients(grads, loss_scale):
   """Divides each gradient by `loss_scale`; None stays None.
 
-  Each gradient is multiplied by the scale's float32 reciprocal, cast once
-  per gradient dtype, as TF 2.4 did.
+  Each gradient is multiplied by the scale's float32 reciprocal cast to its
+  dtype, as TF 2.4 did.
 
   Args:
     grads: An iterable of tensors, `tf.IndexedSlices` (kept as such) or None.
@@ -179,7 +180,7 @@ def unscale_gradients(grads, loss_scale):
   reciprocal = 1.0 / tf.convert_to_tensor(loss_scale, tf.float32)
   present = [i for i, g in enumerate(grads) if g is not None]
   values = [algorithm.gradient_values(grads[i]) for i in present]
-  if fast_paths.enabled():
+  if _impl() is fast_paths:
     values = fast_paths.multiply_all(values, reciprocal)
   else:
     values = [v * tf.cast(reciprocal, v.dtype) for v in values]

@@ -59,8 +59,10 @@ def check_finite_above(name, value, bound):
 
 
 def int64(name, value):
-  """`int(value)`, refused with a `ValueError` naming `name` when that is not
-  an int64 (counts are int64 variables; a larger one wrapped around in a graph).
+  """`int(value)`, naming `name` in the error `int` raises for a value it
+  refuses (its own type, as TF 2.4's `int(...)`: `TypeError`, `ValueError`,
+  `OverflowError`) and in a `ValueError` for an int outside int64 (counts are
+  int64 variables; a larger one wrapped around in a graph).
 
   >>> int64("dynamic_growth_steps", 2000.0)
   2000

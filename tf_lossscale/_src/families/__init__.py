@@ -45,14 +45,11 @@ from tf_lossscale._src.families.base import (
   Family,
   is_keras3_variable,
   overwritten_with_gradient,
-  tf24_hyperparameters,
   written_by_tf_keras,
 )
 
 __all__ = ["Family", "families", "for_config", "for_optimizer", "register_public_class"]
 __all__ += ["is_keras3_variable", "overwritten_with_gradient", "registration"]
-__all__ += ["tf24_hyperparameters"]
-__all__ += ["written_by_tf_keras"]
 
 
 # The FrameworkChangedError that keeps the tf_keras families out, once one was raised.

@@ -179,7 +179,10 @@ class Family(abc.ABC):
   def build(self, grads_and_vars):
     """Creates the inner optimizer's slots for the variables of the
     `(gradient or None, variable)` pairs that its own `apply_gradients`
-    would build for (outside any function, once, before the first apply)."""
+    would build for. Called at every apply, in replica context and maybe
+    while a `tf.function` traces: it does nothing for variables already
+    built, and makes variables out of any function (`tf.init_scope`), on
+    every replica (in cross-replica context)."""
 
   @abc.abstractmethod
   def unknown_variables(self, variables):
@@ -228,11 +231,13 @@ class Family(abc.ABC):
     """Adds `skipped` (a scalar bool tensor: this step was skipped) to the
     inner optimizer's step counter; returns an op or None.
 
-    Runs in the skip branch of the step's conditional with True, or after
-    the conditional on every step: under XLA on a CPU, where a skip branch
-    that writes a variable compiles as a select per variable and slot of
-    the apply (several times the compile time), and an unconditional add of
-    0 or 1 to one instruction (`fast_paths._state_in_branches`)."""
+    Runs in the skip branch of the step's conditional with True, or with a
+    tensor after the conditional on every step: in the plain `algorithm`
+    (fast paths off, or op callbacks active), and under XLA on a CPU, where
+    a skip branch that writes a variable compiles as a select per variable
+    and slot of the apply (several times the compile time), and an
+    unconditional add of 0 or 1 to one instruction
+    (`fast_paths._state_in_branches`). Eagerly, after a skipped apply only."""
 
   # --- Hyperparameters, config ---------------------------------------------------
 

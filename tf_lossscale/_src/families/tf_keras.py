@@ -70,7 +70,8 @@ class TfKerasFamily(base.Family):
 
   def __init__(self, inner):
     super().__init__(inner)
-    # A subclass may narrow `apply_gradients` (tf_keras's own wrapper copes).
+    # A subclass may narrow `apply_gradients` (tf_keras's own wrapper always
+    # passes `skip_gradients_aggregation`, and fails on one).
     parameters = inspect.signature(inner.apply_gradients).parameters.values()
     self._apply_gradients_names = {p.name for p in parameters}
     self._apply_gradients_takes_any = any(p.kind == p.VAR_KEYWORD for p in parameters)
