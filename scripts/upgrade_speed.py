@@ -10,7 +10,7 @@ the mix, the machine's load, and the tool's `--stats` line (files parsed and
 skipped, wall and CPU seconds).
 
   python scripts/upgrade_speed.py                      # 1,000 files: 200 corpus, 300 TF, 500 other
-  python scripts/upgrade_speed.py --corpus-copies 100 --tensorflow-files 0  # 1,000 corpus files: all parsed
+  python scripts/upgrade_speed.py --corpus-copies 100 --tensorflow-files 0  # all 1,000 parsed
   taskset -c 0 python scripts/upgrade_speed.py --jobs 1  # one core: the CPU cost alone
 """
 

@@ -16,9 +16,10 @@ from tf_lossscale._src import loss_scale as loss_scale_module
 _V1Optimizer = tf.compat.v1.train.Optimizer
 
 # Strategies loss scaling cannot serve, refused in TF 2.4's Keras
-# LossScaleOptimizer's words, adapted (TF's compat.v1 class did not check). TPUs train in
-# bfloat16, which needs no loss scaling; ParameterServerStrategy's workers step
-# asynchronously, so no single skip-or-apply decision holds for all of them.
+# LossScaleOptimizer's words, adapted (TF's compat.v1 class did not check).
+# TPUs train in bfloat16, which needs no loss scaling; ParameterServerStrategy's
+# workers step asynchronously, so no single skip-or-apply decision holds for
+# all of them.
 # CentralStorageStrategy and the compat.v1 ParameterServerStrategy do work, as
 # with TF's own class.
 _TPU_STRATEGIES = (

@@ -365,10 +365,11 @@ class LossScaleOptimizer(framework_internals.DelegatingTrackableMixin):
   it all-reduces them first and, with a dynamic loss scale, skips the whole
   step on every replica when any gradient of any replica is Inf or NaN
   (variables and slots untouched, `iterations` still incremented but under
-  Keras 3's `gradient_accumulation_steps`), halving the loss scale. Every `dynamic_growth_steps` consecutive finite steps the loss
-  scale doubles. With a fixed loss scale (`dynamic=False`) gradients are
-  applied as given. Gradient clipping set on the inner optimizer (`clipnorm`,
-  `clipvalue`, `global_clipnorm`) applies to the unscaled gradients.
+  Keras 3's `gradient_accumulation_steps`), halving the loss scale. Every
+  `dynamic_growth_steps` consecutive finite steps the loss scale doubles.
+  With a fixed loss scale (`dynamic=False`) gradients are applied as given.
+  Gradient clipping set on the inner optimizer (`clipnorm`, `clipvalue`,
+  `global_clipnorm`) applies to the unscaled gradients.
 
   Keras 3's `Model.fit` calls `scale_loss(loss)` and then passes the SCALED
   gradients to `apply_gradients`: `scale_loss` marks the next
