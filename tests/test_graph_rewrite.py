@@ -27,13 +27,20 @@ disable = v1_mixed_precision.disable_mixed_precision_graph_rewrite
 _ON = 1  # RewriterConfig.ON
 
 
-@pytest.fixture(autouse=True)
-def _rewrite_off_after():
-  yield
+def _rewrite_off():
   tf.config.optimizer.set_experimental_options({"auto_mixed_precision": None})
   framework_internals.set_graph_rewrite_flag(False)
   keras_experimental.set_policy(None)
   tf_keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.fixture(autouse=True)
+def _rewrite_off_before_and_after():
+  """Each test starts and ends with the rewrite never set and float32 policies
+  (a test elsewhere, or a doctest, may have left the option set to False)."""
+  _rewrite_off()
+  yield
+  _rewrite_off()
 
 
 def _rewrite_state():
