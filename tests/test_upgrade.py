@@ -798,6 +798,12 @@ CASES = {
     "try: from tf_lossscale.keras.mixed_precision import experimental as mp\n"
     "except ImportError: mp = None\n",
   ),
+  "unused imports dropped from one-line suites": (
+    "if True: import tensorflow.python.keras.mixed_precision.experimental.policy\n"
+    "try: import tensorflow.python.keras.mixed_precision.experimental.policy; x = 1\n"
+    "except ImportError: pass\n",
+    "if True: pass\ntry: x = 1\nexcept ImportError: pass\n",
+  ),
   "an import split in a one-line suite, with a use after it": (
     "if True: from tensorflow.keras.mixed_precision import Policy, LossScaleOptimizer as L; L(o)\n",
     "if True: from tensorflow.keras.mixed_precision import Policy; "
